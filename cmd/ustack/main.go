@@ -1,0 +1,72 @@
+// Command ustack runs ustack, a userspace TCP/IP receive stack, on a TAP
+// device, and measures it.
+//
+//	ustack run   -tap NAME -addr CIDR [flags]   serve discard/echo on a TAP
+//	ustack bench [flags]                        build a namespace and TAP, measure policies
+//
+// Run `ustack <command> -h` for the flags of each.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+)
+
+// usageError is a bad command line: printed as one line, exit status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: ustack run|bench [flags]   (ustack <command> -h for flags)")
+		os.Exit(2)
+	}
+	var err error
+	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	case "run":
+		err = runCmd(args)
+	case "bench":
+		err = benchCmd(args)
+	case "send":
+		err = sendCmd(args)
+	case "-h", "-help", "--help", "help":
+		fmt.Println("usage: ustack run|bench [flags]   (ustack <command> -h for flags)")
+		return
+	default:
+		err = usageError{fmt.Errorf("unknown command %q: want run or bench", cmd)}
+	}
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "ustack %s: %v\n", os.Args[1], err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
+
+// parseFlags parses args into fs; errors become usage errors. -h prints the
+// flags and returns flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(new(discard))
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	return nil
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/stack"
+)
+
+// policy holds the receive-path switches shared by run and bench.
+type policy struct {
+	mtu      int
+	rq       string
+	lro      string
+	hds      string
+	budget   int
+	ring     int
+	order    int
+	pageSize string
+	nicCPU   string
+	pollCPU  string
+}
+
+func (p *policy) register(fs *flag.FlagSet) {
+	fs.IntVar(&p.mtu, "mtu", 1500, "IP MTU of the link")
+	fs.StringVar(&p.rq, "rq", "striding", "receive queue: striding|cyclic")
+	fs.StringVar(&p.lro, "lro", "on", "hand GSO super-frames up whole: on|off")
+	fs.StringVar(&p.hds, "hds", "auto", "header copy into the linear part: auto (minimal headers)|N bytes")
+	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
+	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
+	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
+	fs.StringVar(&p.pageSize, "page-size", "4k", "base page size: 4k|64k")
+	fs.StringVar(&p.nicCPU, "nic-cpu", "", "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)")
+	fs.StringVar(&p.pollCPU, "poll-cpu", "", "pin the poll loop's thread to this CPU list")
+}
+
+// stackConfig turns the switches into a stack configuration.
+func (p *policy) stackConfig() (stack.Config, error) {
+	var c stack.Config
+	var err error
+	c.Driver.MTU = p.mtu
+	if c.Driver.RQ, err = driver.ParseRQMode(p.rq); err != nil {
+		return c, err
+	}
+	if c.Driver.LRO, err = driver.ParseOnOff("lro", p.lro); err != nil {
+		return c, err
+	}
+	if c.Driver.HDS, err = driver.ParseHDS(p.hds); err != nil {
+		return c, err
+	}
+	c.Driver.Budget = p.budget
+	c.Driver.RingSize = p.ring
+	c.Pool.Order = p.order
+	switch p.pageSize {
+	case "4k":
+		c.Pool.PageSize = bufpool.PageSize4K
+	case "64k":
+		c.Pool.PageSize = bufpool.PageSize64K
+	default:
+		return c, fmt.Errorf("page-size %q: want 4k or 64k", p.pageSize)
+	}
+	if c.Driver.NICCPUs, err = parseCPUs(p.nicCPU); err != nil {
+		return c, fmt.Errorf("nic-cpu: %w", err)
+	}
+	if c.Driver.PollCPUs, err = parseCPUs(p.pollCPU); err != nil {
+		return c, fmt.Errorf("poll-cpu: %w", err)
+	}
+	return c, nil
+}
+
+// String describes the policy in flag form.
+func (p *policy) String() string {
+	return fmt.Sprintf("lro=%s hds=%s rq=%s mtu=%d", p.lro, p.hds, p.rq, p.mtu)
+}
+
+func parseCPUs(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 || n > 1023 {
+			return nil, fmt.Errorf("cpu %q: want a CPU number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// prefixList is a repeatable -addr flag.
+type prefixList []netip.Prefix
+
+func (l *prefixList) String() string { return fmt.Sprint(*l) }
+
+func (l *prefixList) Set(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return fmt.Errorf("address %q: want CIDR like 10.0.0.2/24", s)
+	}
+	*l = append(*l, p)
+	return nil
+}

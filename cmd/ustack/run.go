@@ -1,0 +1,170 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/stack"
+)
+
+func runCmd(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var (
+		pol     policy
+		addrs   prefixList
+		tap     = fs.String("tap", "", "TAP device to attach to (created if it does not exist)")
+		discard = fs.String("discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
+		echo    = fs.String("echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
+		stats   = fs.Duration("stats", 0, "print counters every DURATION (0: only at exit)")
+	)
+	pol.register(fs)
+	fs.Var(&addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *tap == "" {
+		return usageError{errors.New("-tap is required")}
+	}
+	if len(addrs) == 0 {
+		return usageError{errors.New("-addr is required")}
+	}
+	if *stats < 0 {
+		return usageError{fmt.Errorf("-stats %v: want a positive duration", *stats)}
+	}
+	cfg, err := pol.stackConfig()
+	if err != nil {
+		return usageError{err}
+	}
+	dport, err := parseServe("discard", *discard, addrs)
+	if err != nil {
+		return usageError{err}
+	}
+	eport, err := parseServe("echo", *echo, addrs)
+	if err != nil {
+		return usageError{err}
+	}
+
+	w, err := driver.OpenTAP(driver.TAPConfig{Name: *tap, VnetHdr: true, Offloads: true})
+	if err != nil {
+		return err
+	}
+	cfg.Wire = w
+	cfg.Addrs = addrs
+	s, err := stack.New(cfg)
+	if err != nil {
+		return err
+	}
+	var closers []io.Closer
+	var wg sync.WaitGroup
+	start := func(fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(); err != nil {
+				fmt.Fprintf(os.Stderr, "ustack run: %v\n", err)
+			}
+		}()
+	}
+	for _, sv := range []struct {
+		ap   netip.AddrPort
+		echo bool
+	}{{dport, false}, {eport, true}} {
+		if !sv.ap.IsValid() {
+			continue
+		}
+		l, err := s.ListenTCP(sv.ap)
+		if err != nil {
+			s.Close()
+			return err
+		}
+		u, err := s.ListenUDP(sv.ap)
+		if err != nil {
+			l.Close()
+			s.Close()
+			return err
+		}
+		closers = append(closers, l, u)
+		if sv.echo {
+			start(func() error { return stack.ServeEcho(l) })
+			start(func() error { return stack.ServeUDPEcho(u) })
+		} else {
+			start(func() error { return stack.ServeDiscard(l, nil) })
+			start(func() error { return stack.ServeUDPDiscard(u, nil, nil) })
+		}
+	}
+	fmt.Fprintf(os.Stderr, "ustack: on %s as %v, %s (mac %s)\n", *tap, addrs, pol.String(), net.HardwareAddr(stack.DefaultMAC[:]))
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	var tick <-chan time.Time
+	if *stats > 0 {
+		t := time.NewTicker(*stats)
+		defer t.Stop()
+		tick = t.C
+	}
+	for done := false; !done; {
+		select {
+		case <-tick:
+			printCounters(os.Stdout, s)
+		case <-sig:
+			done = true
+		}
+	}
+	// Stop the servers first so that the final counters are final.
+	for _, c := range closers {
+		c.Close()
+	}
+	err = s.Close()
+	wg.Wait()
+	printCounters(os.Stdout, s)
+	return err
+}
+
+// parseServe parses [ADDR]:PORT for a server flag. An empty host serves on
+// every address of the stack (IPv6 wildcard, dual-stack, when the stack has
+// an IPv6 address).
+func parseServe(name, v string, addrs []netip.Prefix) (netip.AddrPort, error) {
+	if v == "" {
+		return netip.AddrPort{}, nil
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("-%s %q: want [ADDR]:PORT", name, v)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 {
+		return netip.AddrPort{}, fmt.Errorf("-%s %q: bad port", name, v)
+	}
+	if host != "" {
+		a, err := netip.ParseAddr(host)
+		if err != nil {
+			return netip.AddrPort{}, fmt.Errorf("-%s %q: bad address", name, v)
+		}
+		return netip.AddrPortFrom(a, uint16(p)), nil
+	}
+	any := netip.IPv4Unspecified()
+	for _, a := range addrs {
+		if a.Addr().Is6() {
+			any = netip.IPv6Unspecified()
+		}
+	}
+	return netip.AddrPortFrom(any, uint16(p)), nil
+}
+
+// printCounters prints every counter as `ethtool -S` does.
+func printCounters(w io.Writer, s *stack.Stack) {
+	fmt.Fprintln(w, "NIC statistics:")
+	s.EachCounter(func(name string, v uint64) { fmt.Fprintf(w, "     %s: %d\n", name, v) })
+}

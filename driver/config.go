@@ -1,0 +1,185 @@
+package driver
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// RQMode is the receive queue type, as mlx5's rx_striding_rq private flag
+// selects it.
+type RQMode uint8
+
+const (
+	// RQStriding is the multi-packet WQE ring: each WQE is a large buffer cut
+	// into strides, and frames are written back to back into it.
+	RQStriding RQMode = iota
+	// RQCyclic is the legacy ring: every frame gets a buffer of its own,
+	// sized for the largest frame.
+	RQCyclic
+)
+
+// String returns the flag value for m.
+func (m RQMode) String() string {
+	if m == RQCyclic {
+		return "cyclic"
+	}
+	return "striding"
+}
+
+// ParseRQMode parses "striding" or "cyclic".
+func ParseRQMode(s string) (RQMode, error) {
+	switch s {
+	case "striding":
+		return RQStriding, nil
+	case "cyclic":
+		return RQCyclic, nil
+	}
+	return 0, fmt.Errorf("rq %q: want striding or cyclic", s)
+}
+
+// HDSAuto selects the minimal header copy of seed 000: only the bytes the
+// CQE's L3/L4 types say are headers go into the linear part.
+const HDSAuto = 0
+
+// MaxHDS bounds a fixed header copy size (the linear part's capacity).
+const MaxHDS = 4096
+
+// ParseHDS parses "auto" or a byte count in 1..MaxHDS.
+func ParseHDS(s string) (int, error) {
+	if s == "auto" {
+		return HDSAuto, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > MaxHDS {
+		return 0, fmt.Errorf("hds %q: want auto or 1..%d", s, MaxHDS)
+	}
+	return n, nil
+}
+
+// FormatHDS is the inverse of ParseHDS.
+func FormatHDS(n int) string {
+	if n == HDSAuto {
+		return "auto"
+	}
+	return strconv.Itoa(n)
+}
+
+// ParseOnOff parses "on" or "off".
+func ParseOnOff(name, s string) (bool, error) {
+	switch strings.ToLower(s) {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s %q: want on or off", name, s)
+}
+
+// Defaults.
+const (
+	DefaultMTU        = 1500
+	DefaultBudget     = 64 // NAPI_POLL_WEIGHT
+	DefaultRingSize   = 1024
+	DefaultStrideSize = 64      // mlx5's smallest stride: no space wasted between frames
+	DefaultWQEBytes   = 1 << 18 // 256 KB, mlx5's MPWQE size with LRO
+	// maxLROFrame is the largest frame LRO hands up: an IP packet of 64 KB
+	// behind an Ethernet header and a VLAN tag.
+	maxLROFrame = 65535 + 14 + 4
+)
+
+// Config configures a Driver. The zero value of each field selects its
+// default.
+type Config struct {
+	// MTU is the IP MTU of the link (default 1500).
+	MTU int
+	// MAC is the station address: unicast frames for any other address are
+	// dropped (rx_drop_other_host).
+	MAC [6]byte
+	// Multicast lists the multicast MAC addresses accepted besides
+	// broadcast (the groups the stack joined).
+	Multicast [][6]byte
+	// RQ selects the striding (default) or cyclic receive queue.
+	RQ RQMode
+	// LRO hands GSO super-frames up whole instead of cutting them into the
+	// frames the wire would have carried.
+	LRO bool
+	// HDS is the header copy size: HDSAuto (minimal headers, seed 000) or a
+	// fixed byte count (256 is the old mlx5 behaviour).
+	HDS int
+	// Budget is the NAPI budget: frames per poll batch (default 64).
+	Budget int
+	// RingSize is the number of completion queue entries, a power of two
+	// (default 1024). It bounds the frames in flight between the NIC model
+	// and the poll loop.
+	RingSize int
+	// StrideSize is the striding RQ's stride in bytes (default 64).
+	StrideSize int
+	// WQEBytes is the size of one striding WQE (default 256 KB).
+	WQEBytes int
+	// FillChecksum makes the NIC model write full checksums into the
+	// segments it cuts from a super-frame instead of the partial form.
+	FillChecksum bool
+	// NICCPUs and PollCPUs pin the NIC model's thread and the poll loop's
+	// thread to these CPUs (nil: not pinned).
+	NICCPUs, PollCPUs []int
+	// Pool supplies the RX pages. If nil, a 4 KB order-0 pool is made.
+	Pool *bufpool.Pool
+}
+
+func (c *Config) setDefaults() error {
+	if c.MTU == 0 {
+		c.MTU = DefaultMTU
+	}
+	if c.MTU < 68 || c.MTU > 65535-14 {
+		return fmt.Errorf("mtu %d: want 68..65521", c.MTU)
+	}
+	if c.Budget == 0 {
+		c.Budget = DefaultBudget
+	}
+	if c.RingSize == 0 {
+		c.RingSize = DefaultRingSize
+	}
+	if c.RingSize < 2 || c.RingSize&(c.RingSize-1) != 0 {
+		return fmt.Errorf("ring size %d: want a power of two >= 2", c.RingSize)
+	}
+	if c.Budget < 1 || c.Budget > c.RingSize {
+		return fmt.Errorf("budget %d: want 1..ring size (%d)", c.Budget, c.RingSize)
+	}
+	if c.StrideSize == 0 {
+		c.StrideSize = DefaultStrideSize
+	}
+	if c.StrideSize < 64 || c.StrideSize > 8192 || c.StrideSize&(c.StrideSize-1) != 0 {
+		return fmt.Errorf("stride %d: want a power of two in 64..8192", c.StrideSize)
+	}
+	if c.WQEBytes == 0 {
+		c.WQEBytes = DefaultWQEBytes
+	}
+	if c.HDS < 0 || c.HDS > MaxHDS {
+		return fmt.Errorf("hds %d: want auto or 1..%d", c.HDS, MaxHDS)
+	}
+	if c.RQ != RQStriding && c.RQ != RQCyclic {
+		return fmt.Errorf("rq mode %d unknown", c.RQ)
+	}
+	if c.Pool == nil {
+		p, err := bufpool.New(bufpool.Config{})
+		if err != nil {
+			return err
+		}
+		c.Pool = p
+	}
+	if c.WQEBytes < c.maxFrame() || c.WQEBytes%c.Pool.PageBytes() != 0 && c.WQEBytes > c.Pool.PageBytes() {
+		return fmt.Errorf("wqe size %d: want a multiple of the page size (%d) holding a %d-byte frame", c.WQEBytes, c.Pool.PageBytes(), c.maxFrame())
+	}
+	return nil
+}
+
+// maxFrame is the largest frame the RX queue accepts.
+func (c *Config) maxFrame() int {
+	if c.LRO {
+		return maxLROFrame
+	}
+	return c.MTU + 14 + 4
+}

@@ -1,0 +1,151 @@
+// Package driver is ustack's NIC model and its driver: it reads frames from a
+// Wire (a TAP device or an in-memory peer), writes them into an RX ring of
+// pages from bufpool as an mlx5 NIC would (striding or cyclic receive queue,
+// LRO, header/data split), and runs a NAPI-like poll loop that hands the
+// frames up as Packets in batches.
+//
+// Threading: the NIC model runs in its own goroutine locked to an OS thread
+// (the hardware); it posts one CQE per frame into a single-producer,
+// single-consumer completion queue and raises an interrupt when the poll
+// loop sleeps. The poll loop runs in a second goroutine (the softirq) and
+// calls the Handler for each packet, in ring order, then Flush once per
+// batch of at most Budget packets. Transmit may be called from any
+// goroutine.
+package driver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// Driver is one RX queue and one TX queue of the NIC model over a Wire.
+type Driver struct {
+	cfg     Config
+	wire    Wire
+	handler Handler
+	stats   Stats
+	pool    *bufpool.Pool
+
+	// Completion queue: written by the NIC goroutine at prod, read by the
+	// poll loop at cons. Slots between cons and prod belong to the poll loop.
+	cq    []CQE
+	mask  uint32
+	prod  atomic.Uint32
+	cons  atomic.Uint32
+	irq   chan struct{} // NIC -> poll loop: work posted while it slept
+	space chan struct{} // poll loop -> NIC: CQEs consumed while it waited
+
+	pollSleeping atomic.Bool
+	nicWaiting   atomic.Bool
+
+	nic nicState // owned by the NIC goroutine
+
+	txMu  sync.Mutex
+	txBuf []byte // +checklocks:txMu
+
+	startOnce sync.Once
+	closeOnce sync.Once
+	stop      chan struct{}
+	nicDone   chan struct{}
+	pollDone  chan struct{}
+	nicErr    error // set before nicDone is closed
+	NICCPU    atomic.Int32
+	PollCPU   atomic.Int32
+}
+
+// New returns a driver for wire. It does not start reading until Start.
+func New(wire Wire, cfg Config) (*Driver, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	d := &Driver{
+		cfg:      cfg,
+		wire:     wire,
+		pool:     cfg.Pool,
+		cq:       make([]CQE, cfg.RingSize),
+		mask:     uint32(cfg.RingSize - 1),
+		irq:      make(chan struct{}, 1),
+		space:    make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		nicDone:  make(chan struct{}),
+		pollDone: make(chan struct{}),
+		txBuf:    make([]byte, VirtioNetHdrLen+maxLROFrame),
+	}
+	d.nic.init(d)
+	d.NICCPU.Store(-1)
+	d.PollCPU.Store(-1)
+	return d, nil
+}
+
+// Config returns the driver's configuration with defaults filled in.
+func (d *Driver) Config() Config { return d.cfg }
+
+// Stats returns the driver's counters.
+func (d *Driver) Stats() *Stats { return &d.stats }
+
+// Pool returns the page pool the RX ring uses.
+func (d *Driver) Pool() *bufpool.Pool { return d.pool }
+
+// Start starts the NIC model and the poll loop, which delivers to h.
+func (d *Driver) Start(h Handler) {
+	d.startOnce.Do(func() {
+		d.handler = h
+		go d.nicLoop()
+		go d.pollLoop()
+	})
+}
+
+// Close closes the wire, stops both goroutines, drops the frames still in
+// the ring and returns every page the driver held to the pool. Packets
+// already delivered stay valid until their owners release them.
+func (d *Driver) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		err = d.wire.Close()
+		started := d.handler != nil
+		if !started {
+			d.startOnce.Do(func() {}) // never start after Close
+			d.nic.retire()
+			return
+		}
+		<-d.nicDone
+		close(d.stop)
+		<-d.pollDone
+		d.nic.retire()
+		if d.nicErr != nil && !errors.Is(d.nicErr, os.ErrClosed) {
+			err = errors.Join(err, d.nicErr)
+		}
+	})
+	return err
+}
+
+// Transmit writes one frame to the wire behind the virtio-net header h. The
+// frame is the concatenation of parts; the caller keeps ownership of them.
+func (d *Driver) Transmit(h *VirtioNetHdr, parts [][]byte) error {
+	d.txMu.Lock()
+	defer d.txMu.Unlock()
+	h.Encode(d.txBuf)
+	n := VirtioNetHdrLen
+	for _, p := range parts {
+		if n+len(p) > len(d.txBuf) {
+			d.stats.TxErrors.Add(1)
+			return fmt.Errorf("transmit: frame longer than %d bytes", len(d.txBuf)-VirtioNetHdrLen)
+		}
+		n += copy(d.txBuf[n:], p)
+	}
+	if err := d.wire.Write(d.txBuf[:n]); err != nil {
+		d.stats.TxErrors.Add(1)
+		return err
+	}
+	d.stats.TxPackets.Add(1)
+	d.stats.TxBytes.Add(uint64(n - VirtioNetHdrLen))
+	if h.GSOType != VirtioNetHdrGSONone {
+		d.stats.TxGSO.Add(1)
+	}
+	return nil
+}

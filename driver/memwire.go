@@ -1,0 +1,132 @@
+package driver
+
+import (
+	"os"
+	"sync"
+	"sync/atomic"
+)
+
+// MemWire is one end of an in-memory Wire pair made by NewMemPair, for
+// tests and benchmarks that need no TAP and no root. Frames are copied
+// through preallocated buffers, so steady-state Read and Write do not
+// allocate. Like every Wire, Read is for one goroutine at a time and Write
+// may be called concurrently; MemWire does not look inside frames.
+type MemWire struct {
+	rx, tx *memQueue // rx: frames for this end; tx: frames for the peer
+	pair   *memPair
+	// dropped counts frames this end's Write discarded.
+	dropped atomic.Uint64
+}
+
+// memPair is the state both ends share: closing either end closes both.
+type memPair struct {
+	once   sync.Once
+	closed chan struct{}
+}
+
+// memQueue carries frames in one direction. Its depth buffers, of maxFrame
+// bytes each, circulate between free (empty, owned by writers) and full
+// (holding a frame, owned by the reader); full never blocks a sender since
+// it can hold every buffer.
+type memQueue struct {
+	free     chan []byte
+	full     chan []byte
+	maxFrame int
+}
+
+func newMemQueue(depth, maxFrame int) *memQueue {
+	q := &memQueue{
+		free:     make(chan []byte, depth),
+		full:     make(chan []byte, depth),
+		maxFrame: maxFrame,
+	}
+	backing := make([]byte, depth*maxFrame)
+	for i := range depth {
+		q.free <- backing[i*maxFrame : (i+1)*maxFrame : (i+1)*maxFrame]
+	}
+	return q
+}
+
+// NewMemPair returns two connected in-memory wires: frames written to one
+// are read from the other, in order for any one writer. depth is the number
+// of frames each direction can queue; a Write to a full queue drops the
+// frame (counted in the writer's Dropped) rather than blocking. Frames
+// longer than maxFrame bytes are dropped and counted the same way. depth
+// and maxFrame must be positive.
+func NewMemPair(depth, maxFrame int) (*MemWire, *MemWire) {
+	if depth <= 0 || maxFrame <= 0 {
+		panic("driver: NewMemPair: depth and maxFrame must be positive")
+	}
+	p := &memPair{closed: make(chan struct{})}
+	ab, ba := newMemQueue(depth, maxFrame), newMemQueue(depth, maxFrame)
+	return &MemWire{rx: ba, tx: ab, pair: p}, &MemWire{rx: ab, tx: ba, pair: p}
+}
+
+// Read copies the oldest queued frame into b, truncating it to len(b), and
+// returns its length. If none is queued it returns ErrNoFrame when block
+// is false and otherwise waits for a frame or for Close. Once either end
+// is closed it returns os.ErrClosed, even with frames still queued.
+func (w *MemWire) Read(b []byte, block bool) (int, error) {
+	if w.isClosed() {
+		return 0, os.ErrClosed
+	}
+	var buf []byte
+	select {
+	case buf = <-w.rx.full:
+	default:
+		if !block {
+			return 0, ErrNoFrame
+		}
+		select {
+		case buf = <-w.rx.full:
+		case <-w.pair.closed:
+			return 0, os.ErrClosed
+		}
+	}
+	n := copy(b, buf)
+	w.rx.free <- buf[:cap(buf)]
+	return n, nil
+}
+
+// Write queues a copy of b for the peer. A frame longer than maxFrame, or
+// one that finds the queue full, is dropped and counted in Dropped; Write
+// then still returns nil, as a link that loses a frame does. Once either
+// end is closed it returns os.ErrClosed.
+func (w *MemWire) Write(b []byte) error {
+	if w.isClosed() {
+		return os.ErrClosed
+	}
+	if len(b) > w.tx.maxFrame {
+		w.dropped.Add(1)
+		return nil
+	}
+	select {
+	case buf := <-w.tx.free:
+		w.tx.full <- buf[:copy(buf, b)]
+		return nil
+	default:
+		w.dropped.Add(1)
+		return nil
+	}
+}
+
+// Close closes the pair: both ends' Reads, including blocked ones, and
+// Writes return os.ErrClosed from then on. Close is idempotent and always
+// returns nil.
+func (w *MemWire) Close() error {
+	w.pair.once.Do(func() { close(w.pair.closed) })
+	return nil
+}
+
+// Dropped returns the number of frames this end's Write has dropped
+// because the peer's queue was full or the frame too long.
+func (w *MemWire) Dropped() uint64 { return w.dropped.Load() }
+
+func (w *MemWire) isClosed() bool {
+	select {
+	case <-w.pair.closed:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,348 @@
+package driver
+
+import (
+	"errors"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// nicState is the NIC model's private state: the wire read buffer, the WQE
+// it is filling, and the CQEs written but not yet published.
+type nicState struct {
+	d         *Driver
+	rbuf      []byte
+	seg       Segmenter
+	maxFrame  int
+	pageBytes int
+	wqeBytes  int
+
+	// The WQE being filled: its pages (one reference each, the NIC's), the
+	// byte offset of the next free stride, and its counter.
+	pages  []*bufpool.Page
+	off    int
+	wqeSeq uint32
+	posted bool
+
+	prod    uint32 // next CQE to write; published to d.prod in batches
+	pending int    // CQEs written since the last publish
+	csum    CsumState
+	gsoSize uint16
+	info    *FrameInfo
+	segInfo FrameInfo
+	fi      FrameInfo
+	drop    Drop
+}
+
+func (n *nicState) init(d *Driver) {
+	n.d = d
+	n.rbuf = make([]byte, VirtioNetHdrLen+maxLROFrame)
+	n.seg.FillChecksum = d.cfg.FillChecksum
+	n.maxFrame = d.cfg.maxFrame()
+	n.pageBytes = d.pool.PageBytes()
+	n.wqeBytes = d.cfg.WQEBytes
+	if d.cfg.RQ == RQCyclic {
+		// One buffer per frame, sized for the largest frame.
+		n.wqeBytes = (n.maxFrame + n.pageBytes - 1) / n.pageBytes * n.pageBytes
+	}
+	n.pages = make([]*bufpool.Page, 0, (n.wqeBytes+n.pageBytes-1)/n.pageBytes)
+}
+
+func (d *Driver) nicLoop() {
+	defer close(d.nicDone)
+	cpu, err := PinThread(d.cfg.NICCPUs)
+	if err != nil {
+		d.nicErr = err
+		return
+	}
+	d.NICCPU.Store(int32(cpu))
+	n := &d.nic
+	start := ThreadCPUTime()
+	defer func() {
+		n.publish()
+		d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
+	}()
+	block := false
+	for {
+		m, err := d.wire.Read(n.rbuf, block)
+		if errors.Is(err, ErrNoFrame) {
+			// The wire is empty: publish what we have and sleep on it.
+			n.publish()
+			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
+			block = true
+			continue
+		}
+		if err != nil {
+			d.nicErr = err
+			return
+		}
+		block = false
+		n.receive(n.rbuf[:m])
+		if n.pending >= d.cfg.Budget {
+			n.publish()
+		}
+	}
+}
+
+// receive handles one read from the wire: a virtio-net header and a frame
+// or a GSO super-frame.
+func (n *nicState) receive(b []byte) {
+	d := n.d
+	st := &d.stats
+	st.WireReads.Add(1)
+	var h VirtioNetHdr
+	if !h.Decode(b) {
+		n.dropped(DropBadVnetHdr)
+		return
+	}
+	frame := b[VirtioNetHdrLen:]
+	st.WireBytes.Add(uint64(len(frame)))
+	if len(frame) < 14 {
+		n.dropped(DropShortEther)
+		return
+	}
+	if drop := n.filterMAC(frame); drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	fi := &n.fi
+	if drop := ParseFrame(frame, fi); drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	if fi.VLAN {
+		st.DroppedVLAN.Add(1)
+		return
+	}
+	if h.GSOType != VirtioNetHdrGSONone {
+		st.GSOFrames.Add(1)
+		n.receiveGSO(&h, frame, fi)
+		return
+	}
+	if len(frame) > n.maxFrame {
+		n.dropped(DropTooBig)
+		return
+	}
+	cs, drop := n.checksum(&h, frame, fi)
+	if drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	n.csum, n.gsoSize, n.info = cs, 0, fi
+	n.place(frame, nil)
+}
+
+// receiveGSO handles a super-frame: whole with LRO (TCP only, as hardware
+// LRO), else cut into the frames the wire would have carried.
+func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, fi *FrameInfo) {
+	st := &n.d.stats
+	if h.Flags&VirtioNetHdrFNeedsCsum == 0 {
+		n.dropped(DropBadVnetHdr)
+		return
+	}
+	if drop := VerifyChecksums(frame, fi, false); drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	gt := h.GSOType &^ VirtioNetHdrGSOECN
+	if n.d.cfg.LRO && fi.L4 == L4TCP && (gt == VirtioNetHdrGSOTCPv4 || gt == VirtioNetHdrGSOTCPv6) && h.GSOSize > 0 {
+		if len(frame) > n.maxFrame {
+			n.dropped(DropTooBig)
+			return
+		}
+		n.csum, n.gsoSize, n.info = CsumPartial, h.GSOSize, fi
+		if n.place(frame, nil) {
+			st.LROFrames.Add(1)
+			st.LROBytes.Add(uint64(len(frame)))
+		}
+		return
+	}
+	n.csum, n.gsoSize, n.info = CsumPartial, 0, &n.segInfo
+	segs, drop := n.seg.Segment(h, frame, fi, n)
+	if drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	st.GSOSegs.Add(uint64(segs))
+}
+
+// Segment places one frame cut from a super-frame (SegmentSink).
+func (n *nicState) Segment(hdr, payload []byte) {
+	if len(hdr)+len(payload) > n.maxFrame {
+		n.dropped(DropTooBig)
+		return
+	}
+	// The segment has the super-frame's header layout with its own lengths.
+	n.segInfo = n.fi
+	n.segInfo.IPLen = len(hdr) + len(payload) - n.fi.L2Len
+	n.place(hdr, payload)
+}
+
+// checksum decides a single frame's checksum state: trusted from the
+// virtio-net header, or verified here as a NIC verifies on receive.
+func (n *nicState) checksum(h *VirtioNetHdr, frame []byte, fi *FrameInfo) (CsumState, Drop) {
+	st := &n.d.stats
+	switch {
+	case h.Flags&VirtioNetHdrFNeedsCsum != 0:
+		if int(h.CsumStart)+int(h.CsumOffset)+2 > len(frame) {
+			return 0, DropBadVnetHdr
+		}
+		if d := VerifyChecksums(frame, fi, false); d != DropNone {
+			return 0, d
+		}
+		st.CsumPartial.Add(1)
+		return CsumPartial, DropNone
+	case h.Flags&VirtioNetHdrFDataValid != 0:
+		if d := VerifyChecksums(frame, fi, false); d != DropNone {
+			return 0, d
+		}
+		st.CsumUnneeded.Add(1)
+		return CsumUnnecessary, DropNone
+	case fi.L3 == L3IPv4 || fi.L3 == L3IPv6:
+		if d := VerifyChecksums(frame, fi, true); d != DropNone {
+			return 0, d
+		}
+		st.CsumComplete.Add(1)
+		return CsumComplete, DropNone
+	}
+	st.CsumNone.Add(1)
+	return CsumNone, DropNone
+}
+
+// filterMAC is the NIC's address filter: our unicast address, broadcast,
+// and the multicast groups the stack joined.
+func (n *nicState) filterMAC(frame []byte) Drop {
+	var dst [6]byte
+	copy(dst[:], frame[:6])
+	if dst == n.d.cfg.MAC || dst == [6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff} {
+		return DropNone
+	}
+	if dst[0]&1 == 0 {
+		return DropOtherHost
+	}
+	for _, m := range n.d.cfg.Multicast {
+		if dst == m {
+			return DropNone
+		}
+	}
+	return DropMulticast
+}
+
+func (n *nicState) dropped(d Drop) { n.d.stats.Dropped[d].Add(1) }
+
+// place writes one frame (a, then b) into the RX ring, as the NIC's DMA
+// would, and posts its CQE. It reports false if the frame was dropped for
+// want of a buffer.
+func (n *nicState) place(a, b []byte) bool {
+	d := n.d
+	size := len(a) + len(b)
+	if n.posted && n.off+size > n.wqeBytes {
+		n.retire() // the rest of the WQE is skipped, as mlx5's filler CQE does
+	}
+	if !n.posted && !n.post() {
+		n.dropped(DropNoBuffer)
+		return false
+	}
+	// Wait for a free CQE: the hardware stalls (flow control) rather than
+	// overwrite completions the driver has not read.
+	for n.prod-d.cons.Load() == uint32(len(d.cq)) {
+		n.waitSpace()
+	}
+	cqe := &d.cq[n.prod&d.mask]
+	cqe.ByteCount = uint32(size)
+	cqe.WQE = n.wqeSeq
+	cqe.Stride = uint32(n.off / d.cfg.StrideSize)
+	cqe.Info = *n.info
+	cqe.Csum = n.csum
+	cqe.GSOSize = n.gsoSize
+	cqe.NFrags = 0
+	off := n.off
+	n.dma(cqe, off, a)
+	n.dma(cqe, off+len(a), b)
+	n.prod++
+	n.pending++
+	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
+	d.stats.Strides.Add(uint64(strides))
+	n.off += strides * d.cfg.StrideSize
+	if d.cfg.RQ == RQCyclic || n.off >= n.wqeBytes {
+		n.retire()
+	}
+	return true
+}
+
+// dma copies src to byte offset off of the WQE and records the pages it
+// touched in cqe, taking a reference on each new one.
+func (n *nicState) dma(cqe *CQE, off int, src []byte) {
+	for len(src) > 0 {
+		pi, po := off/n.pageBytes, off%n.pageBytes
+		pg := n.pages[pi]
+		c := copy(pg.Bytes()[po:], src)
+		if k := int(cqe.NFrags); k > 0 && cqe.Frags[k-1].Page == pg {
+			cqe.Frags[k-1].Len += uint32(c)
+		} else {
+			pg.IncRef()
+			cqe.Frags[k] = bufpool.Frag{Page: pg, Off: uint32(po), Len: uint32(c)}
+			cqe.NFrags++
+		}
+		src = src[c:]
+		off += c
+	}
+}
+
+// post takes the pages of a new WQE from the pool.
+func (n *nicState) post() bool {
+	for len(n.pages)*n.pageBytes < n.wqeBytes {
+		pg, err := n.d.pool.Get()
+		if err != nil {
+			n.retire()
+			return false
+		}
+		n.pages = append(n.pages, pg)
+	}
+	n.off = 0
+	n.wqeSeq++
+	n.posted = true
+	n.d.stats.WQEs.Add(1)
+	return true
+}
+
+// retire drops the NIC's references on the current WQE's pages: pages no
+// frame landed in go straight back to the pool, the others when the last
+// packet using them is released.
+func (n *nicState) retire() {
+	for i, pg := range n.pages {
+		pg.DecRef()
+		n.pages[i] = nil
+	}
+	n.pages = n.pages[:0]
+	n.posted = false
+}
+
+// publish makes the CQEs written so far visible to the poll loop and wakes
+// it if it sleeps.
+func (n *nicState) publish() {
+	if n.pending == 0 {
+		return
+	}
+	d := n.d
+	d.prod.Store(n.prod)
+	n.pending = 0
+	if d.pollSleeping.Load() {
+		select {
+		case d.irq <- struct{}{}:
+			d.stats.NICWakeups.Add(1)
+		default:
+		}
+	}
+}
+
+// waitSpace publishes and waits until the poll loop frees CQEs.
+func (n *nicState) waitSpace() {
+	d := n.d
+	d.stats.CQEStalls.Add(1)
+	n.publish()
+	d.nicWaiting.Store(true)
+	if n.prod-d.cons.Load() == uint32(len(d.cq)) {
+		<-d.space
+	}
+	d.nicWaiting.Store(false)
+}

@@ -1,0 +1,158 @@
+package driver
+
+import "github.com/ustack/ustack/bufpool"
+
+func (d *Driver) pollLoop() {
+	defer close(d.pollDone)
+	cpu, err := PinThread(d.cfg.PollCPUs)
+	if err != nil {
+		// Pinning is a request, not a requirement: run unpinned.
+		cpu = CurrentCPU()
+	}
+	d.PollCPU.Store(int32(cpu))
+	start := ThreadCPUTime()
+	cons := d.cons.Load()
+	for {
+		prod := d.prod.Load()
+		if prod == cons {
+			d.stats.PollCPUNanos.Store(ThreadCPUTime() - start)
+			// Sleep until the NIC raises an interrupt. Re-check after
+			// announcing it so that no completion is missed.
+			d.pollSleeping.Store(true)
+			if d.prod.Load() == cons {
+				select {
+				case <-d.irq:
+				case <-d.stop:
+					d.pollSleeping.Store(false)
+					d.drain(cons)
+					return
+				}
+			}
+			d.pollSleeping.Store(false)
+			continue
+		}
+		cons = d.poll(cons, prod)
+	}
+}
+
+// poll processes one batch of at most Budget completions and returns the
+// new consumer index.
+func (d *Driver) poll(cons, prod uint32) uint32 {
+	n := prod - cons
+	if n > uint32(d.cfg.Budget) {
+		n = uint32(d.cfg.Budget)
+	}
+	var bytes, hds, hdsPayload, linearOnly, frags uint64
+	for i := uint32(0); i < n; i++ {
+		cqe := &d.cq[(cons+i)&d.mask]
+		pkt := d.build(cqe)
+		bytes += uint64(pkt.Len)
+		hds += uint64(len(pkt.Linear))
+		if h := pkt.Info.HeaderLen(); len(pkt.Linear) > h {
+			hdsPayload += uint64(len(pkt.Linear) - h)
+		}
+		if len(pkt.Frags) == 0 {
+			linearOnly++
+		}
+		frags += uint64(len(pkt.Frags))
+		d.handler.Deliver(pkt)
+	}
+	cons += n
+	d.cons.Store(cons)
+	if d.nicWaiting.Load() {
+		select {
+		case d.space <- struct{}{}:
+		default:
+		}
+	}
+	d.handler.Flush()
+	st := &d.stats
+	st.Polls.Add(1)
+	st.Packets.Add(uint64(n))
+	st.Bytes.Add(bytes)
+	st.HDSBytes.Add(hds)
+	st.HDSPayload.Add(hdsPayload)
+	st.LinearOnly.Add(linearOnly)
+	st.PacketFrags.Add(frags)
+	return cons
+}
+
+// headerCopyLen is the linear part's length for a frame: the seed 000
+// estimate from the CQE's L3/L4 types (TCP timestamps assumed), or the fixed
+// copy size.
+func (d *Driver) headerCopyLen(cqe *CQE) int {
+	n := d.cfg.HDS
+	if n == HDSAuto {
+		n = MinHeaderLen(&cqe.Info)
+	}
+	return min(n, int(cqe.ByteCount))
+}
+
+// MinHeaderLen is mlx5e_cqe_get_min_hdr_len: Ethernet, a VLAN tag if
+// present, the fixed IPv4 or IPv6 header, and UDP or TCP with the timestamp
+// option. It errs on the side of copying too little: IP options and IPv6
+// extension headers are left in the payload.
+func MinHeaderLen(fi *FrameInfo) int {
+	n := 14 // sizeof(struct ethhdr)
+	if fi.VLAN {
+		n += 4 // VLAN_HLEN
+	}
+	switch fi.L3 {
+	case L3IPv4:
+		n += 20 // sizeof(struct iphdr)
+	case L3IPv6:
+		n += 40 // sizeof(struct ipv6hdr)
+	}
+	switch fi.L4 {
+	case L4UDP:
+		n += 8 // sizeof(struct udphdr)
+	case L4TCP:
+		n += 20 + 12 // sizeof(struct tcphdr) + TCPOLEN_TSTAMP_ALIGNED
+	}
+	return n
+}
+
+// build turns a completion into a Packet: the header copy into the linear
+// part, the rest of the frame left in place as frags. The CQE's page
+// references move to the packet.
+func (d *Driver) build(cqe *CQE) *Packet {
+	pkt := NewPacket()
+	pkt.Info = cqe.Info
+	pkt.Csum = cqe.Csum
+	pkt.GSOSize = cqe.GSOSize
+	pkt.Len = int(cqe.ByteCount)
+	want := d.headerCopyLen(cqe)
+	lin := pkt.linear[:0]
+	for i := 0; i < int(cqe.NFrags); i++ {
+		f := cqe.Frags[i]
+		cqe.Frags[i] = bufpool.Frag{}
+		if c := want - len(lin); c > 0 {
+			c = min(c, int(f.Len))
+			lin = append(lin, f.Page.Bytes()[f.Off:f.Off+uint32(c)]...)
+			f.Off += uint32(c)
+			f.Len -= uint32(c)
+		}
+		if f.Len == 0 {
+			f.Page.DecRef()
+			continue
+		}
+		pkt.Frags = append(pkt.Frags, f)
+	}
+	cqe.NFrags = 0
+	pkt.Linear = lin
+	return pkt
+}
+
+// drain drops the completions left when the driver stops.
+func (d *Driver) drain(cons uint32) {
+	prod := d.prod.Load()
+	for ; cons != prod; cons++ {
+		cqe := &d.cq[cons&d.mask]
+		for i := 0; i < int(cqe.NFrags); i++ {
+			cqe.Frags[i].Page.DecRef()
+			cqe.Frags[i] = bufpool.Frag{}
+		}
+		cqe.NFrags = 0
+	}
+	d.cons.Store(cons)
+}

@@ -1,0 +1,83 @@
+package driver
+
+import "sync/atomic"
+
+// Stats are the driver's counters. Names follow `ethtool -S` where the
+// kernel has one. Every field is safe to read while the driver runs.
+type Stats struct {
+	// Wire and NIC model.
+	WireReads    atomic.Uint64 // rx_wire_reads: reads from the wire (one per frame or super-frame)
+	WireBytes    atomic.Uint64 // rx_wire_bytes: bytes read, virtio-net headers excluded
+	GSOFrames    atomic.Uint64 // rx_gso_frames: super-frames with a GSO type
+	GSOSegs      atomic.Uint64 // rx_gso_segs: frames cut from them (LRO off)
+	LROFrames    atomic.Uint64 // rx_lro_packets: super-frames handed up whole (LRO on)
+	LROBytes     atomic.Uint64 // rx_lro_bytes
+	CsumPartial  atomic.Uint64 // rx_csum_partial: frames trusted by NEEDS_CSUM
+	CsumUnneeded atomic.Uint64 // rx_csum_unnecessary: frames trusted by DATA_VALID
+	CsumComplete atomic.Uint64 // rx_csum_complete: frames whose checksums the NIC model verified
+	CsumNone     atomic.Uint64 // rx_csum_none: frames with no checksum to verify (ARP, ...)
+	WQEs         atomic.Uint64 // rx_wqes: WQEs (buffers) posted
+	Strides      atomic.Uint64 // rx_strides: strides consumed
+	CQEStalls    atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
+	NICWakeups   atomic.Uint64 // rx_irqs: interrupts raised to wake the poll loop
+
+	// Poll loop.
+	Packets      atomic.Uint64 // rx_packets: frames (CQEs) the poll loop built packets from
+	Bytes        atomic.Uint64 // rx_bytes
+	Polls        atomic.Uint64 // rx_napi_polls: poll batches
+	HDSBytes     atomic.Uint64 // rx_hds_bytes: bytes copied into linear parts
+	HDSPayload   atomic.Uint64 // rx_hds_payload_bytes: payload bytes among them (seed 000's waste)
+	LinearOnly   atomic.Uint64 // rx_linear_packets: packets that fit entirely in the linear part
+	PacketFrags  atomic.Uint64 // rx_frags: payload frags handed up
+	Dropped      [NumDrops]atomic.Uint64
+	DroppedVLAN  atomic.Uint64 // rx_drop_vlan: tagged frames (no VLAN configured)
+	NICCPUNanos  atomic.Int64  // nic_cpu_ns: CPU time of the NIC model's thread
+	PollCPUNanos atomic.Int64  // poll_cpu_ns: CPU time of the poll loop's thread (includes delivery to gVisor)
+
+	// Transmit.
+	TxPackets atomic.Uint64 // tx_packets: frames written to the wire
+	TxBytes   atomic.Uint64 // tx_bytes
+	TxGSO     atomic.Uint64 // tx_gso_packets: frames written as GSO super-frames
+	TxErrors  atomic.Uint64 // tx_errors: failed writes
+}
+
+// Each calls fn for every counter, in a fixed order.
+func (s *Stats) Each(fn func(name string, v uint64)) {
+	fn("rx_wire_reads", s.WireReads.Load())
+	fn("rx_wire_bytes", s.WireBytes.Load())
+	fn("rx_gso_frames", s.GSOFrames.Load())
+	fn("rx_gso_segs", s.GSOSegs.Load())
+	fn("rx_lro_packets", s.LROFrames.Load())
+	fn("rx_lro_bytes", s.LROBytes.Load())
+	fn("rx_packets", s.Packets.Load())
+	fn("rx_bytes", s.Bytes.Load())
+	fn("rx_napi_polls", s.Polls.Load())
+	fn("rx_irqs", s.NICWakeups.Load())
+	fn("rx_wqes", s.WQEs.Load())
+	fn("rx_strides", s.Strides.Load())
+	fn("rx_cqe_stalls", s.CQEStalls.Load())
+	fn("rx_csum_partial", s.CsumPartial.Load())
+	fn("rx_csum_unnecessary", s.CsumUnneeded.Load())
+	fn("rx_csum_complete", s.CsumComplete.Load())
+	fn("rx_csum_none", s.CsumNone.Load())
+	fn("rx_hds_bytes", s.HDSBytes.Load())
+	fn("rx_hds_payload_bytes", s.HDSPayload.Load())
+	fn("rx_linear_packets", s.LinearOnly.Load())
+	fn("rx_frags", s.PacketFrags.Load())
+	var total uint64
+	for i := range s.Dropped {
+		total += s.Dropped[i].Load()
+	}
+	total += s.DroppedVLAN.Load()
+	fn("rx_dropped", total)
+	for i := Drop(1); i < NumDrops; i++ {
+		fn(i.String(), s.Dropped[i].Load())
+	}
+	fn("rx_drop_vlan", s.DroppedVLAN.Load())
+	fn("nic_cpu_ns", uint64(s.NICCPUNanos.Load()))
+	fn("poll_cpu_ns", uint64(s.PollCPUNanos.Load()))
+	fn("tx_packets", s.TxPackets.Load())
+	fn("tx_bytes", s.TxBytes.Load())
+	fn("tx_gso_packets", s.TxGSO.Load())
+	fn("tx_errors", s.TxErrors.Load())
+}

@@ -1,0 +1,345 @@
+//go:build linux
+
+package driver
+
+// The TAP is driven with golang.org/x/sys/unix rather than
+// github.com/songgao/water, for both the VnetHdr and the plain case:
+//
+//   - water cannot set IFF_VNET_HDR, TUNSETVNETHDRSZ or TUNSETOFFLOAD, which
+//     ustack needs to exchange checksum-offloaded and GSO frames;
+//   - water.New always issues TUNSETPERSIST with the Persist flag, so
+//     attaching it to a device made by `ip tuntap add` clears the device's
+//     persist flag and the device vanishes when the descriptor is closed;
+//   - it wraps the descriptor in an *os.File on Go's poller, so a
+//     non-blocking Read (ErrNoFrame) needs deadline games, File.Fd switches
+//     the descriptor back to blocking mode, and the descriptor is opened
+//     without O_CLOEXEC.
+//
+// The plain (VnetHdr false) case therefore uses the same code with one flag
+// fewer, which also keeps comparisons between the two fair.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// vnetHdrLen is the size of struct virtio_net_hdr (without num_buffers),
+// the header the TAP exchanges when IFF_VNET_HDR is set.
+const vnetHdrLen = 10
+
+// TUNSETOFFLOAD flags from <linux/if_tun.h>; x/sys/unix does not define
+// them.
+const (
+	tunFCSUM   = 0x01 // TUN_F_CSUM: the reader accepts partial checksums
+	tunFTSO4   = 0x02 // TUN_F_TSO4
+	tunFTSO6   = 0x04 // TUN_F_TSO6
+	tunFTSOECN = 0x08 // TUN_F_TSO_ECN
+	tunFUSO4   = 0x20 // TUN_F_USO4 (Linux 6.2)
+	tunFUSO6   = 0x40 // TUN_F_USO6 (Linux 6.2)
+)
+
+// tapWritePollTimeout bounds how long Write waits for a TAP that reports
+// EAGAIN (its socket send buffer is full) before giving up on the frame.
+const tapWritePollTimeout = 100 * time.Millisecond
+
+// TAPConfig configures OpenTAP.
+type TAPConfig struct {
+	// Name is the interface name. If no such interface exists in the
+	// calling thread's network namespace a non-persistent TAP is created,
+	// which disappears when the TAP is closed; an existing (persistent)
+	// TAP, such as one made by `ip tuntap add`, is attached to and left in
+	// place on Close. Empty lets the kernel choose a name (tapN).
+	Name string
+	// VnetHdr sets IFF_VNET_HDR: every frame read or written is preceded
+	// by a 10-byte virtio-net header. Always true for ustack's driver;
+	// false exists for comparisons.
+	VnetHdr bool
+	// Offloads enables TUNSETOFFLOAD with TUN_F_CSUM, TSO4, TSO6 and
+	// TSO_ECN, plus USO4 and USO6 where the kernel accepts them: the
+	// kernel may then hand over frames with partial checksums and TCP or
+	// UDP GSO super-frames. Requires VnetHdr.
+	Offloads bool
+}
+
+// TAP is a Wire over a Linux TAP device. Read must be called by one
+// goroutine at a time; Write may be called from several concurrently;
+// Close from any goroutine at any time.
+type TAP struct {
+	fd      int
+	efd     int // eventfd that Close signals to wake a blocked Read
+	name    string
+	vnetHdr bool
+	uso     bool
+
+	// state counts the Read and Write calls inside a system call on fd
+	// (low bits) and has tapClosedBit set once Close starts. Close releases
+	// the descriptors only when the count drops to zero, so a concurrent
+	// Read or Write never operates on a closed (or reused) descriptor.
+	state atomic.Int64
+	// idle receives a token when the count drops to zero after tapClosedBit
+	// was set.
+	idle chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+
+	pfd [2]unix.PollFd // Read's poll set: fd and efd
+}
+
+const tapClosedBit = int64(1) << 62
+
+// OpenTAP opens the TAP device cfg.Name, creating it if it does not exist,
+// in the network namespace of the calling thread (see testbed's
+// TAPBed.Open for opening one inside a namespace). The descriptor is
+// non-blocking and close-on-exec.
+func OpenTAP(cfg TAPConfig) (*TAP, error) {
+	if cfg.Offloads && !cfg.VnetHdr {
+		return nil, fmt.Errorf("open tap %q: offloads need VnetHdr", cfg.Name)
+	}
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open tap %q: %w", cfg.Name, err)
+	}
+	t := &TAP{fd: fd, efd: -1, vnetHdr: cfg.VnetHdr, idle: make(chan struct{}, 1)}
+	if err := t.setup(cfg); err != nil {
+		unix.Close(fd)
+		if t.efd >= 0 {
+			unix.Close(t.efd)
+		}
+		return nil, fmt.Errorf("open tap %q: %w", cfg.Name, err)
+	}
+	t.pfd = [2]unix.PollFd{
+		{Fd: int32(t.fd), Events: unix.POLLIN},
+		{Fd: int32(t.efd), Events: unix.POLLIN},
+	}
+	return t, nil
+}
+
+func (t *TAP) setup(cfg TAPConfig) error {
+	ifr, err := unix.NewIfreq(cfg.Name)
+	if err != nil {
+		return err
+	}
+	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if cfg.VnetHdr {
+		flags |= unix.IFF_VNET_HDR
+	}
+	ifr.SetUint16(flags)
+	if err := unix.IoctlIfreq(t.fd, unix.TUNSETIFF, ifr); err != nil {
+		return fmt.Errorf("TUNSETIFF: %w", err)
+	}
+	t.name = ifr.Name()
+	if cfg.VnetHdr {
+		// The header size belongs to the device, not the descriptor: set
+		// it even though 10 is the default, in case an earlier user of a
+		// persistent device changed it.
+		if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETHDRSZ, vnetHdrLen); err != nil {
+			return fmt.Errorf("TUNSETVNETHDRSZ: %w", err)
+		}
+	}
+	if cfg.Offloads {
+		base := tunFCSUM | tunFTSO4 | tunFTSO6 | tunFTSOECN
+		err := unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, base|tunFUSO4|tunFUSO6)
+		if err == nil {
+			t.uso = true
+		} else if errors.Is(err, unix.EINVAL) {
+			// Kernels before 6.2 reject the USO flags.
+			err = unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, base)
+		}
+		if err != nil {
+			return fmt.Errorf("TUNSETOFFLOAD: %w", err)
+		}
+	} else {
+		// Clear whatever an earlier user of a persistent device enabled:
+		// without TUN_F_CSUM the kernel completes checksums itself.
+		if err := unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, 0); err != nil {
+			return fmt.Errorf("TUNSETOFFLOAD: %w", err)
+		}
+	}
+	t.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("eventfd: %w", err)
+	}
+	return nil
+}
+
+// acquire registers a system call on t.fd; it reports false (and registers
+// nothing) once Close has started.
+func (t *TAP) acquire() bool {
+	if t.state.Add(1)&tapClosedBit != 0 {
+		t.release()
+		return false
+	}
+	return true
+}
+
+// release ends what acquire registered and lets a waiting Close proceed
+// when it was the last.
+func (t *TAP) release() {
+	if t.state.Add(-1) == tapClosedBit {
+		select {
+		case t.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Read reads one frame (with its virtio-net header when VnetHdr is set)
+// into b, truncating a longer frame to len(b), and returns its length.
+// With block false it returns ErrNoFrame if none is queued; otherwise it
+// waits for one or for Close, after which it returns os.ErrClosed. Read
+// does not allocate.
+func (t *TAP) Read(b []byte, block bool) (int, error) {
+	if !t.acquire() {
+		return 0, os.ErrClosed
+	}
+	defer t.release()
+	for {
+		n, err := unix.Read(t.fd, b)
+		switch err {
+		case nil:
+			return n, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			if !block {
+				return 0, ErrNoFrame
+			}
+		default:
+			return 0, fmt.Errorf("read tap %q: %w", t.name, err)
+		}
+		for {
+			if t.state.Load()&tapClosedBit != 0 {
+				return 0, os.ErrClosed
+			}
+			_, err := unix.Poll(t.pfd[:], -1)
+			if err == nil {
+				break
+			}
+			if err != unix.EINTR {
+				return 0, fmt.Errorf("poll tap %q: %w", t.name, err)
+			}
+		}
+		if t.state.Load()&tapClosedBit != 0 {
+			return 0, os.ErrClosed
+		}
+	}
+}
+
+// Write sends one frame: b is the virtio-net header followed by the
+// Ethernet frame when VnetHdr is set, the bare Ethernet frame otherwise. If
+// the device cannot take the frame within a short bound it returns an
+// error. After Close it returns os.ErrClosed. Write does not allocate on
+// success.
+func (t *TAP) Write(b []byte) error {
+	if !t.acquire() {
+		return os.ErrClosed
+	}
+	defer t.release()
+	var deadline time.Time
+	for {
+		n, err := unix.Write(t.fd, b)
+		switch err {
+		case nil:
+			if n != len(b) {
+				return fmt.Errorf("write tap %q: %w", t.name, io.ErrShortWrite)
+			}
+			return nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+		default:
+			return fmt.Errorf("write tap %q: %w", t.name, err)
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(tapWritePollTimeout)
+		} else if !now.Before(deadline) {
+			return fmt.Errorf("write tap %q: device busy for %v: %w", t.name, tapWritePollTimeout, unix.EAGAIN)
+		}
+		// A local poll set: Write may run on several goroutines at once.
+		pfd := [2]unix.PollFd{
+			{Fd: int32(t.fd), Events: unix.POLLOUT},
+			{Fd: int32(t.efd), Events: unix.POLLIN},
+		}
+		if _, err := unix.Poll(pfd[:], int(deadline.Sub(now)/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			return fmt.Errorf("poll tap %q: %w", t.name, err)
+		}
+		if t.state.Load()&tapClosedBit != 0 {
+			return os.ErrClosed
+		}
+	}
+}
+
+// Close wakes a blocked Read (which then returns os.ErrClosed), waits for
+// Reads and Writes in progress to leave their system calls and closes the
+// descriptor. A TAP that OpenTAP created disappears; a persistent one stays
+// (without carrier). Close is idempotent: later calls return the first
+// call's result.
+func (t *TAP) Close() error {
+	t.closeOnce.Do(func() {
+		old := t.state.Or(tapClosedBit)
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1) // eventfd counter increment
+		if _, err := unix.Write(t.efd, one[:]); err != nil && err != unix.EAGAIN {
+			t.closeErr = fmt.Errorf("close tap %q: wake reader: %w", t.name, err)
+		}
+		if old&^tapClosedBit != 0 {
+			<-t.idle
+		}
+		if err := unix.Close(t.fd); err != nil && t.closeErr == nil {
+			t.closeErr = fmt.Errorf("close tap %q: %w", t.name, err)
+		}
+		unix.Close(t.efd)
+	})
+	return t.closeErr
+}
+
+// Name returns the interface's name (the kernel's choice if
+// TAPConfig.Name was empty).
+func (t *TAP) Name() string { return t.name }
+
+// FD returns the TAP's descriptor, for handing to other link endpoints in
+// comparisons. It stays owned by the TAP and is invalid after Close.
+func (t *TAP) FD() int { return t.fd }
+
+// USO reports whether the kernel accepted UDP segmentation offload
+// (TUN_F_USO4 and TUN_F_USO6), so that UDP GSO frames (gso_type
+// VIRTIO_NET_HDR_GSO_UDP_L4) may be read from and written to the TAP.
+func (t *TAP) USO() bool { return t.uso }
+
+// VnetHdr reports whether frames carry a virtio-net header.
+func (t *TAP) VnetHdr() bool { return t.vnetHdr }
+
+// HardwareAddr returns the MAC address of the kernel's side of the TAP
+// (SIOCGIFHWADDR on the TAP descriptor, so it works from any namespace).
+func (t *TAP) HardwareAddr() (net.HardwareAddr, error) {
+	if !t.acquire() {
+		return nil, os.ErrClosed
+	}
+	defer t.release()
+	// struct ifreq with ifr_hwaddr, a struct sockaddr.
+	var ifr struct {
+		name   [unix.IFNAMSIZ]byte
+		family uint16
+		data   [14]byte
+		_      [8]byte
+	}
+	copy(ifr.name[:], t.name)
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(t.fd), unix.SIOCGIFHWADDR, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
+		return nil, fmt.Errorf("tap %q: SIOCGIFHWADDR: %w", t.name, errno)
+	}
+	mac := make(net.HardwareAddr, 6)
+	copy(mac, ifr.data[:6])
+	return mac, nil
+}

@@ -1,0 +1,141 @@
+//go:build linux
+
+package testbed
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+)
+
+// TAPConfig configures NewTAPBed. The zero value is usable.
+type TAPConfig struct {
+	// Prefix is the namespace name prefix (see NewNetns); default "ustap".
+	Prefix string
+	// TAPName is the TAP device's name; default "ustap0".
+	TAPName string
+	// MTU is the TAP device's MTU; default 1500.
+	MTU int
+	// Subnet4 is the IPv4 subnet on the TAP link; default 10.77.0.0/24.
+	// The kernel gets its first address (.1), the stack the second (.2).
+	Subnet4 netip.Prefix
+	// Subnet6 is the IPv6 subnet on the TAP link; default fd77::/64. The
+	// kernel gets ::1, the stack ::2.
+	Subnet6 netip.Prefix
+}
+
+// TAPBed is a fresh namespace holding a persistent TAP device that is
+// configured on the kernel side: the kernel's end of the link has
+// KernelAddr4 and KernelAddr6, and the userspace stack that opens the TAP
+// (see Open) is expected at StackAddr4 and StackAddr6 on the same subnets.
+// The namespace has no other interface than lo and no default route.
+//
+// The TAP is created with `ip tuntap add` and so carries no vnet_hdr or
+// offload flags of its own; whoever opens it sets the flags it wants on
+// its descriptor. Until a descriptor is attached the link is up but has no
+// carrier.
+type TAPBed struct {
+	// NS is the namespace holding the TAP.
+	NS *Netns
+	// TAPName is the TAP device's name inside NS.
+	TAPName string
+	// MTU is the TAP device's MTU.
+	MTU int
+	// KernelAddr4 and KernelAddr6 are the kernel side's addresses, with
+	// the subnet's prefix length.
+	KernelAddr4, KernelAddr6 netip.Prefix
+	// StackAddr4 and StackAddr6 are the addresses reserved for the
+	// userspace stack, with the subnet's prefix length. Nothing in the
+	// kernel has them.
+	StackAddr4, StackAddr6 netip.Prefix
+}
+
+// NewTAPBed creates a namespace, a TAP device in it with the configured MTU,
+// gives the kernel side its IPv4 and IPv6 addresses (IPv6 without duplicate
+// address detection, so that it is usable at once) and sets the link up.
+// On any error it removes what it made.
+func NewTAPBed(cfg TAPConfig) (*TAPBed, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "ustap"
+	}
+	if cfg.TAPName == "" {
+		cfg.TAPName = "ustap0"
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = 1500
+	}
+	if !cfg.Subnet4.IsValid() {
+		cfg.Subnet4 = netip.MustParsePrefix("10.77.0.0/24")
+	}
+	if !cfg.Subnet6.IsValid() {
+		cfg.Subnet6 = netip.MustParsePrefix("fd77::/64")
+	}
+	if !cfg.Subnet4.Addr().Is4() || cfg.Subnet4.Bits() > 30 {
+		return nil, fmt.Errorf("tap bed: Subnet4 %s: want an IPv4 prefix of at most /30", cfg.Subnet4)
+	}
+	if !cfg.Subnet6.Addr().Is6() || cfg.Subnet6.Addr().Is4In6() || cfg.Subnet6.Bits() > 126 {
+		return nil, fmt.Errorf("tap bed: Subnet6 %s: want an IPv6 prefix of at most /126", cfg.Subnet6)
+	}
+	k4, s4 := firstTwo(cfg.Subnet4)
+	k6, s6 := firstTwo(cfg.Subnet6)
+
+	ns, err := NewNetns(cfg.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("tap bed: %w", err)
+	}
+	b := &TAPBed{
+		NS:          ns,
+		TAPName:     cfg.TAPName,
+		MTU:         cfg.MTU,
+		KernelAddr4: k4, StackAddr4: s4,
+		KernelAddr6: k6, StackAddr6: s6,
+	}
+	steps := [][]string{
+		{"tuntap", "add", "dev", b.TAPName, "mode", "tap"},
+		{"link", "set", "dev", b.TAPName, "mtu", strconv.Itoa(b.MTU)},
+		{"addr", "add", k4.String(), "dev", b.TAPName},
+		{"addr", "add", k6.String(), "dev", b.TAPName, "nodad"},
+		{"link", "set", "dev", b.TAPName, "up"},
+	}
+	for _, args := range steps {
+		if err := ns.IP(args...); err != nil {
+			ns.IP("link", "del", "dev", b.TAPName)
+			ns.Close()
+			return nil, fmt.Errorf("tap bed: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// firstTwo returns the first two host addresses of p (.1 and .2 of an IPv4
+// subnet, ::1 and ::2 of an IPv6 one), with p's prefix length.
+func firstTwo(p netip.Prefix) (netip.Prefix, netip.Prefix) {
+	base := p.Masked().Addr()
+	a := base.Next()
+	return netip.PrefixFrom(a, p.Bits()), netip.PrefixFrom(a.Next(), p.Bits())
+}
+
+// Close deletes the TAP device and the namespace. Close descriptors opened
+// on the TAP first: while one is open the namespace outlives Close
+// invisibly. Close is idempotent.
+func (b *TAPBed) Close() error {
+	var errs []error
+	// The device may already be gone (closed twice, or deleted by the
+	// test); only the namespace's removal decides the result then.
+	if err := b.NS.IP("link", "show", "dev", b.TAPName); err == nil {
+		if err := b.NS.IP("link", "del", "dev", b.TAPName); err != nil {
+			errs = append(errs, fmt.Errorf("tap bed: %w", err))
+		}
+	}
+	if err := b.NS.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("tap bed: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Open runs open inside the bed's namespace (b.NS.Do(open)): a TAP must be
+// opened (/dev/net/tun and TUNSETIFF) from the namespace its device is in.
+func (b *TAPBed) Open(open func() error) error {
+	return b.NS.Do(open)
+}

@@ -1,0 +1,220 @@
+package stack
+
+import (
+	"sync"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/ustack/ustack/driver"
+)
+
+// linkEndpoint is the gVisor link endpoint in front of the driver. It
+// receives the poll loop's packets (driver.Handler) and writes gVisor's
+// outgoing packets to the wire with a virtio-net header, leaving checksums
+// and segmentation of TCP to the kernel on the other side (TSO).
+type linkEndpoint struct {
+	drv  *driver.Driver
+	mtu  uint32
+	addr tcpip.LinkAddress
+
+	mu         sync.RWMutex
+	dispatcher stack.NetworkDispatcher // +checklocks:mu
+	onClose    func()                  // +checklocks:mu
+
+	txMu  sync.Mutex
+	parts [][]byte // +checklocks:txMu
+
+}
+
+var _ stack.LinkEndpoint = (*linkEndpoint)(nil)
+var _ stack.GSOEndpoint = (*linkEndpoint)(nil)
+var _ driver.Handler = (*linkEndpoint)(nil)
+
+func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkEndpoint {
+	return &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
+}
+
+// Deliver hands one received frame to gVisor: the linear part becomes a
+// small view of its own (so that gVisor's header parsing never touches the
+// payload's chunk), the frags are copied once into a payload view, and the
+// RX pages are released at once. Called by the poll loop only.
+func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
+	defer pkt.Release()
+	e.mu.RLock()
+	d := e.dispatcher
+	e.mu.RUnlock()
+	if d == nil {
+		return
+	}
+	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
+	if n := pkt.PayloadLen(); n > 0 {
+		v := buffer.NewView(n)
+		for _, f := range pkt.Frags {
+			v.Write(f.Bytes())
+		}
+		buf.Append(v)
+	}
+	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
+	defer pb.DecRef()
+	hdr, ok := pb.LinkHeader().Consume(header.EthernetMinimumSize)
+	if !ok {
+		return
+	}
+	proto := header.Ethernet(hdr).Type()
+	pb.NetworkProtocolNumber = proto
+	d.DeliverNetworkPacket(proto, pb)
+}
+
+// Flush ends a poll batch. gVisor processes each packet as it is delivered,
+// so there is nothing held to flush yet.
+func (e *linkEndpoint) Flush() {}
+
+// MTU implements stack.LinkEndpoint.
+func (e *linkEndpoint) MTU() uint32 { return e.mtu }
+
+// SetMTU implements stack.LinkEndpoint. The MTU is fixed by the driver.
+func (e *linkEndpoint) SetMTU(uint32) {}
+
+// MaxHeaderLength implements stack.LinkEndpoint.
+func (e *linkEndpoint) MaxHeaderLength() uint16 { return header.EthernetMinimumSize }
+
+// LinkAddress implements stack.LinkEndpoint.
+func (e *linkEndpoint) LinkAddress() tcpip.LinkAddress { return e.addr }
+
+// SetLinkAddress implements stack.LinkEndpoint. The address is fixed: the
+// NIC model filters on it.
+func (e *linkEndpoint) SetLinkAddress(tcpip.LinkAddress) {}
+
+// Capabilities implements stack.LinkEndpoint. Receive checksums are the NIC
+// model's job (it verifies what the wire does not vouch for); transmit
+// checksums of TCP are left to the kernel through NEEDS_CSUM via host GSO.
+func (e *linkEndpoint) Capabilities() stack.LinkEndpointCapabilities {
+	return stack.CapabilityRXChecksumOffload | stack.CapabilityResolutionRequired
+}
+
+// GSOMaxSize implements stack.GSOEndpoint.
+func (e *linkEndpoint) GSOMaxSize() uint32 { return 1 << 16 }
+
+// SupportedGSO implements stack.GSOEndpoint: the kernel behind the TAP
+// segments (TSO) and completes checksums for us.
+func (e *linkEndpoint) SupportedGSO() stack.SupportedGSO { return stack.HostGSOSupported }
+
+// Attach implements stack.LinkEndpoint.
+func (e *linkEndpoint) Attach(d stack.NetworkDispatcher) {
+	e.mu.Lock()
+	e.dispatcher = d
+	e.mu.Unlock()
+}
+
+// IsAttached implements stack.LinkEndpoint.
+func (e *linkEndpoint) IsAttached() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.dispatcher != nil
+}
+
+// Wait implements stack.LinkEndpoint.
+func (e *linkEndpoint) Wait() {}
+
+// ARPHardwareType implements stack.LinkEndpoint.
+func (e *linkEndpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareEther }
+
+// AddHeader implements stack.LinkEndpoint.
+func (e *linkEndpoint) AddHeader(pkt *stack.PacketBuffer) {
+	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
+	eth.Encode(&header.EthernetFields{
+		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
+		DstAddr: pkt.EgressRoute.RemoteLinkAddress,
+		Type:    pkt.NetworkProtocolNumber,
+	})
+}
+
+// ParseHeader implements stack.LinkEndpoint.
+func (e *linkEndpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
+	hdr, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+	if ok {
+		pkt.NetworkProtocolNumber = header.Ethernet(hdr).Type()
+	}
+	return ok
+}
+
+// Close implements stack.LinkEndpoint.
+func (e *linkEndpoint) Close() {
+	e.mu.Lock()
+	f := e.onClose
+	e.onClose = nil
+	e.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// SetOnCloseAction implements stack.LinkEndpoint.
+func (e *linkEndpoint) SetOnCloseAction(f func()) {
+	e.mu.Lock()
+	e.onClose = f
+	e.mu.Unlock()
+}
+
+// WritePackets implements stack.LinkWriter.
+func (e *linkEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	n := 0
+	for _, pkt := range pkts.AsSlice() {
+		if err := e.writePacket(pkt); err != nil {
+			if n == 0 {
+				return 0, err
+			}
+			break
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (e *linkEndpoint) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
+	var h driver.VirtioNetHdr
+	if g := pkt.GSOOptions; g.Type != stack.GSONone {
+		h.HdrLen = uint16(pkt.HeaderSize())
+		if g.NeedsCsum {
+			h.Flags = driver.VirtioNetHdrFNeedsCsum
+			h.CsumStart = header.EthernetMinimumSize + g.L3HdrLen
+			h.CsumOffset = g.CsumOffset
+		}
+		if pkt.Data().Size() > int(g.MSS) {
+			switch g.Type {
+			case stack.GSOTCPv4:
+				h.GSOType = driver.VirtioNetHdrGSOTCPv4
+			case stack.GSOTCPv6:
+				h.GSOType = driver.VirtioNetHdrGSOTCPv6
+			}
+			if h.GSOType != driver.VirtioNetHdrGSONone {
+				h.GSOSize = g.MSS
+			}
+		}
+	}
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	parts := e.parts[:0]
+	vl, off := pkt.AsViewList()
+	for v := vl.Front(); v != nil; v = v.Next() {
+		s := v.AsSlice()
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		parts = append(parts, s[off:])
+		off = 0
+	}
+	err := e.drv.Transmit(&h, parts)
+	for i := range parts {
+		parts[i] = nil
+	}
+	e.parts = parts[:0]
+	if err != nil {
+		return &tcpip.ErrClosedForSend{}
+	}
+	return nil
+}

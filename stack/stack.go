@@ -1,0 +1,301 @@
+// Package stack joins ustack's parts into a gVisor network stack: the
+// driver's NIC model and poll loop feed a link endpoint of ours, behind which
+// gVisor runs IPv4, IPv6 (with ARP and NDP), TCP, UDP and ICMP. It exposes
+// the stack to Go code as net.Listener, net.Conn and net.PacketConn (through
+// gVisor's gonet), and its counters in `ethtool -S` form.
+//
+// A Stack is safe for concurrent use. Close stops the driver, closes every
+// connection and returns every RX page to the pool.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
+)
+
+// DefaultMAC is the station address used when Config.MAC is zero: a locally
+// administered unicast address.
+var DefaultMAC = [6]byte{0x02, 0x75, 0x73, 0x74, 0x6b, 0x01}
+
+const nicID tcpip.NICID = 1
+
+// Config configures a Stack.
+type Config struct {
+	// Wire is the link: a driver.TAP or one end of driver.NewMemPair. The
+	// Stack owns it from New on and closes it.
+	Wire driver.Wire
+	// Addrs are the stack's addresses with their subnets; a route to each
+	// subnet is added. There is no default route.
+	Addrs []netip.Prefix
+	// MAC is the station address (DefaultMAC if zero).
+	MAC [6]byte
+	// Driver configures the NIC model; its MAC and Multicast are set from
+	// this Config.
+	Driver driver.Config
+	// Pool configures the RX page pool (used when Driver.Pool is nil).
+	Pool bufpool.Config
+	// NoSACK turns TCP selective acknowledgements off (on by default).
+	NoSACK bool
+	// NoModerateReceiveBuffer turns receive-buffer auto-tuning off.
+	NoModerateReceiveBuffer bool
+}
+
+// Stack is a running ustack: driver, link endpoint and gVisor stack.
+type Stack struct {
+	cfg   Config
+	drv   *driver.Driver
+	ep    *linkEndpoint
+	ip    *gstack.Stack
+	close sync.Once
+}
+
+// New builds and starts a stack on cfg.Wire. On error the wire is closed.
+func New(cfg Config) (s *Stack, err error) {
+	if cfg.Wire == nil {
+		return nil, errors.New("stack: no wire")
+	}
+	defer func() {
+		if err != nil {
+			cfg.Wire.Close()
+		}
+	}()
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("stack: no address")
+	}
+	if cfg.MAC == ([6]byte{}) {
+		cfg.MAC = DefaultMAC
+	}
+	if cfg.MAC[0]&1 != 0 {
+		return nil, fmt.Errorf("stack: MAC %x is a multicast address", cfg.MAC)
+	}
+	dc := cfg.Driver
+	dc.MAC = cfg.MAC
+	dc.Multicast = multicastMACs(cfg.Addrs)
+	if dc.Pool == nil {
+		if dc.Pool, err = bufpool.New(cfg.Pool); err != nil {
+			return nil, err
+		}
+	}
+	drv, err := driver.New(cfg.Wire, dc)
+	if err != nil {
+		return nil, err
+	}
+	dc = drv.Config()
+	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
+	ip, err := newGVisor(ep, &cfg)
+	if err != nil {
+		drv.Close()
+		return nil, err
+	}
+	drv.Start(ep)
+	return &Stack{cfg: cfg, drv: drv, ep: ep, ip: ip}, nil
+}
+
+// NewWithEndpoint builds a stack with the same gVisor options over another
+// link endpoint, such as gVisor's own fdbased one, for comparisons. It has
+// no driver: Driver returns nil and the counters are gVisor's only.
+// cfg.Wire and cfg.Driver are ignored.
+func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("stack: no address")
+	}
+	ip, err := newGVisor(ep, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Stack{cfg: cfg, ip: ip}, nil
+}
+
+// newGVisor builds the gVisor stack over ep: protocols, TCP options, the NIC,
+// addresses and subnet routes.
+func newGVisor(ep gstack.LinkEndpoint, cfg *Config) (*gstack.Stack, error) {
+	ip := gstack.New(gstack.Options{
+		NetworkProtocols:   []gstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []gstack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
+		HandleLocal:        true,
+	})
+	fail := func(err error) (*gstack.Stack, error) {
+		ip.Close()
+		ip.Wait()
+		return nil, err
+	}
+	sack := tcpip.TCPSACKEnabled(!cfg.NoSACK)
+	if e := ip.SetTransportProtocolOption(tcp.ProtocolNumber, &sack); e != nil {
+		return fail(fmt.Errorf("stack: tcp sack: %s", e))
+	}
+	mod := tcpip.TCPModerateReceiveBufferOption(!cfg.NoModerateReceiveBuffer)
+	if e := ip.SetTransportProtocolOption(tcp.ProtocolNumber, &mod); e != nil {
+		return fail(fmt.Errorf("stack: tcp moderate receive buffer: %s", e))
+	}
+	if e := ip.CreateNIC(nicID, ep); e != nil {
+		return fail(fmt.Errorf("stack: create NIC: %s", e))
+	}
+	var routes []tcpip.Route
+	for _, p := range cfg.Addrs {
+		a := tcpip.AddrFromSlice(p.Addr().AsSlice())
+		proto := ipv4.ProtocolNumber
+		if p.Addr().Is6() {
+			proto = ipv6.ProtocolNumber
+		}
+		pa := tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: tcpip.AddressWithPrefix{Address: a, PrefixLen: p.Bits()}}
+		if e := ip.AddProtocolAddress(nicID, pa, gstack.AddressProperties{}); e != nil {
+			return fail(fmt.Errorf("stack: add address %s: %s", p, e))
+		}
+		routes = append(routes, tcpip.Route{Destination: pa.AddressWithPrefix.Subnet(), NIC: nicID})
+	}
+	ip.SetRouteTable(routes)
+	return ip, nil
+}
+
+// multicastMACs returns the Ethernet groups the stack listens to: IPv4
+// all-hosts, and for IPv6 all-nodes and each address's solicited-node group.
+func multicastMACs(addrs []netip.Prefix) [][6]byte {
+	out := [][6]byte{{0x01, 0x00, 0x5e, 0x00, 0x00, 0x01}}
+	has6 := false
+	for _, p := range addrs {
+		if !p.Addr().Is6() {
+			continue
+		}
+		if !has6 {
+			out = append(out, [6]byte{0x33, 0x33, 0, 0, 0, 1})
+			has6 = true
+		}
+		a := p.Addr().As16()
+		out = append(out, [6]byte{0x33, 0x33, 0xff, a[13], a[14], a[15]})
+	}
+	return out
+}
+
+// Driver returns the stack's driver (counters, configuration, pool).
+func (s *Stack) Driver() *driver.Driver { return s.drv }
+
+// GVisor returns the underlying gVisor stack, for options this package does
+// not wrap.
+func (s *Stack) GVisor() *gstack.Stack { return s.ip }
+
+func fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber) {
+	fa := tcpip.FullAddress{NIC: nicID, Port: ap.Port()}
+	if ap.Addr().IsValid() && !ap.Addr().IsUnspecified() {
+		fa.Addr = tcpip.AddrFromSlice(ap.Addr().Unmap().AsSlice())
+	}
+	if ap.Addr().Is6() && !ap.Addr().Is4In6() {
+		return fa, ipv6.ProtocolNumber
+	}
+	return fa, ipv4.ProtocolNumber
+}
+
+// ListenTCP listens on addr (an unspecified address listens on every
+// address of the stack's family: use netip.IPv6Unspecified() for IPv6 and
+// IPv4-mapped, 0.0.0.0 for IPv4 only).
+func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
+	fa, proto := fullAddr(addr)
+	if addr.Addr().IsUnspecified() {
+		fa.Addr = tcpip.Address{}
+	}
+	l, err := gonet.ListenTCP(s.ip, fa, proto)
+	if err != nil {
+		return nil, fmt.Errorf("listen tcp %s: %w", addr, err)
+	}
+	return l, nil
+}
+
+// DialTCP connects to addr.
+func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+	fa, proto := fullAddr(addr)
+	c, err := gonet.DialContextTCP(ctx, s.ip, fa, proto)
+	if err != nil {
+		return nil, fmt.Errorf("dial tcp %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// ListenUDP binds a UDP socket to addr.
+func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
+	fa, proto := fullAddr(addr)
+	if addr.Addr().IsUnspecified() {
+		fa.Addr = tcpip.Address{}
+	}
+	c, err := gonet.DialUDP(s.ip, &fa, nil, proto)
+	if err != nil {
+		return nil, fmt.Errorf("listen udp %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// Close stops the driver and the gVisor stack. Every RX page is back in the
+// pool when it returns, unless a caller still holds a Packet.
+func (s *Stack) Close() error {
+	var err error
+	s.close.Do(func() {
+		if s.drv != nil {
+			err = s.drv.Close()
+		}
+		s.ip.Close()
+		s.ip.Wait()
+	})
+	return err
+}
+
+// Counter is one named counter.
+type Counter struct {
+	Name  string
+	Value uint64
+}
+
+// Counters returns every counter: the driver's, the page pool's and the
+// gVisor stack's, named as `ethtool -S` and /proc/net/snmp name them where
+// they can be.
+func (s *Stack) Counters() []Counter {
+	var out []Counter
+	s.EachCounter(func(name string, v uint64) { out = append(out, Counter{name, v}) })
+	return out
+}
+
+// EachCounter calls fn for every counter, in a fixed order.
+func (s *Stack) EachCounter(fn func(name string, v uint64)) {
+	if s.drv != nil {
+		s.drv.Stats().Each(fn)
+		ps := s.drv.Pool().Stats()
+		fn("rx_pp_alloc_fast", ps.AllocFast)
+		fn("rx_pp_alloc_slow", ps.AllocSlow)
+		fn("rx_pp_alloc_empty", ps.AllocEmpty)
+		fn("rx_pp_recycle_ring", ps.Recycled)
+		fn("rx_pp_pages_in_use", uint64(ps.InUse))
+		fn("rx_pp_pages_allocated", uint64(ps.Allocated))
+		fn("rx_pp_bytes_held", uint64(ps.Allocated)*uint64(ps.PageBytes))
+	}
+	st := s.ip.Stats()
+	fn("ip_packets_received", st.IP.PacketsReceived.Value())
+	fn("ip_malformed", st.IP.MalformedPacketsReceived.Value())
+	fn("ip_invalid_dst", st.IP.InvalidDestinationAddressesReceived.Value())
+	fn("tcp_segments_received", st.TCP.ValidSegmentsReceived.Value())
+	fn("tcp_segments_sent", st.TCP.SegmentsSent.Value())
+	fn("tcp_retransmits", st.TCP.Retransmits.Value())
+	fn("tcp_checksum_errors", st.TCP.ChecksumErrors.Value())
+	fn("tcp_invalid_segments", st.TCP.InvalidSegmentsReceived.Value())
+	fn("tcp_established", st.TCP.CurrentEstablished.Value())
+	fn("udp_packets_received", st.UDP.PacketsReceived.Value())
+	fn("udp_receive_buffer_errors", st.UDP.ReceiveBufferErrors.Value())
+	fn("udp_unknown_port", st.UDP.UnknownPortErrors.Value())
+	fn("icmp_echo_requests", st.ICMP.V4.PacketsReceived.EchoRequest.Value()+st.ICMP.V6.PacketsReceived.EchoRequest.Value())
+	fn("arp_requests_received", st.ARP.RequestsReceived.Value())
+	fn("ndp_neighbor_solicits", st.ICMP.V6.PacketsReceived.NeighborSolicit.Value())
+}
+

@@ -1,0 +1,261 @@
+package stack
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
+)
+
+// pair builds two stacks joined by an in-memory wire: rx (the stack under
+// test, configured by dc) at 192.0.2.1 and a peer at 192.0.2.2.
+func pair(t testing.TB, dc driver.Config) (rx, peer *Stack) {
+	t.Helper()
+	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	pool, err := bufpool.New(bufpool.Config{Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc.Pool = pool
+	rx, err = New(Config{
+		Wire:   a,
+		Addrs:  []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")},
+		MAC:    [6]byte{2, 0, 0, 0, 0, 1},
+		Driver: dc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err = New(Config{
+		Wire:  b,
+		Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("2001:db8::2/64")},
+		MAC:   [6]byte{2, 0, 0, 0, 0, 2},
+	})
+	if err != nil {
+		rx.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		peer.Close()
+		rx.Close()
+		if n := pool.InUse(); n != 0 {
+			t.Errorf("pages still in use after Close: got %d, want 0", n)
+		}
+	})
+	return rx, peer
+}
+
+// sendAndHash writes n pseudo-random bytes to c in writes of wsize and
+// returns their SHA-256.
+func sendAndHash(c net.Conn, n, wsize int, seed uint64) ([32]byte, error) {
+	h := sha256.New()
+	r := rand.New(rand.NewPCG(seed, seed))
+	buf := make([]byte, wsize)
+	for sent := 0; sent < n; {
+		m := min(wsize, n-sent)
+		for i := 0; i < m; i += 8 {
+			v := r.Uint64()
+			for j := 0; j < 8 && i+j < m; j++ {
+				buf[i+j] = byte(v >> (8 * j))
+			}
+		}
+		if _, err := c.Write(buf[:m]); err != nil {
+			return [32]byte{}, err
+		}
+		h.Write(buf[:m])
+		sent += m
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+func TestTCPBulkMem(t *testing.T) {
+	const size = 16 << 20
+	for _, tc := range []struct {
+		name string
+		dc   driver.Config
+		v6   bool
+	}{
+		{"lro-off/hds-auto/striding", driver.Config{}, false},
+		{"lro-on/hds-auto/striding", driver.Config{LRO: true}, false},
+		{"lro-off/hds-256/cyclic", driver.Config{HDS: 256, RQ: driver.RQCyclic}, false},
+		{"lro-on/hds-256/cyclic", driver.Config{HDS: 256, RQ: driver.RQCyclic, LRO: true}, false},
+		{"ipv6/lro-off/hds-auto", driver.Config{}, true},
+		{"ipv6/lro-on/hds-256", driver.Config{LRO: true, HDS: 256}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rx, peer := pair(t, tc.dc)
+			addr := netip.MustParseAddrPort("192.0.2.1:9")
+			if tc.v6 {
+				addr = netip.MustParseAddrPort("[2001:db8::1]:9")
+			}
+			l, err := rx.ListenTCP(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			got := make(chan [32]byte, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					close(got)
+					return
+				}
+				defer c.Close()
+				h := sha256.New()
+				io.Copy(h, c)
+				var sum [32]byte
+				h.Sum(sum[:0])
+				got <- sum
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			c, err := peer.DialTCP(ctx, addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			want, err := sendAndHash(c, size, 64<<10, 1)
+			c.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case sum := <-got:
+				if sum != want {
+					t.Fatalf("sha256 of received bytes: got %x, want %x", sum, want)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("receiver did not finish")
+			}
+			st := rx.Driver().Stats()
+			if tc.dc.LRO && st.LROFrames.Load() == 0 {
+				t.Errorf("rx_lro_packets: got 0, want > 0 with LRO on")
+			}
+			if !tc.dc.LRO && st.GSOSegs.Load() == 0 {
+				t.Errorf("rx_gso_segs: got 0, want > 0 with LRO off")
+			}
+			if tc.dc.HDS == driver.HDSAuto && st.HDSPayload.Load() != 0 {
+				t.Errorf("rx_hds_payload_bytes with hds auto: got %d, want 0", st.HDSPayload.Load())
+			}
+			if tc.dc.HDS == 256 && st.HDSPayload.Load() == 0 {
+				t.Errorf("rx_hds_payload_bytes with hds 256: got 0, want > 0")
+			}
+		})
+	}
+}
+
+func TestEchoAndUDPMem(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	l, err := rx.ListenTCP(netip.MustParseAddrPort("0.0.0.0:7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	const n = 4 << 20
+	got := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		io.CopyN(h, c, n)
+		var sum [32]byte
+		h.Sum(sum[:0])
+		got <- sum
+	}()
+	want, err := sendAndHash(c, n, 10000, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := <-got; sum != want {
+		t.Fatalf("echoed sha256: got %x, want %x", sum, want)
+	}
+
+	u, err := rx.ListenUDP(netip.MustParseAddrPort("192.0.2.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	pu, err := peer.ListenUDP(netip.MustParseAddrPort("192.0.2.2:5555"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pu.Close()
+	dst := &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 9}
+	buf := make([]byte, 2000)
+	for _, size := range []int{64, 1400} {
+		msg := make([]byte, size)
+		for i := range msg {
+			msg[i] = byte(i + size)
+		}
+		if _, err := pu.WriteTo(msg, dst); err != nil {
+			t.Fatal(err)
+		}
+		u.SetReadDeadline(time.Now().Add(10 * time.Second))
+		m, _, err := u.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(buf[:m]) != string(msg) {
+			t.Fatalf("udp %d bytes: got %d bytes %x..., want %x...", size, m, buf[:min(m, 8)], msg[:8])
+		}
+	}
+}
+
+func Example() {
+	// Two stacks over an in-memory wire; a real program passes a
+	// driver.TAP as the Wire instead.
+	a, b := driver.NewMemPair(1024, driver.VirtioNetHdrLen+65553)
+	srv, err := New(Config{Wire: a, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}})
+	if err != nil {
+		panic(err)
+	}
+	defer srv.Close()
+	cli, err := New(Config{Wire: b, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}, MAC: [6]byte{2, 0, 0, 0, 0, 2}})
+	if err != nil {
+		panic(err)
+	}
+	defer cli.Close()
+
+	l, _ := srv.ListenTCP(netip.MustParseAddrPort("192.0.2.1:7"))
+	defer l.Close()
+	go func() {
+		c, _ := l.Accept()
+		io.Copy(c, c)
+		c.Close()
+	}()
+	c, err := cli.DialTCP(context.Background(), netip.MustParseAddrPort("192.0.2.1:7"))
+	if err != nil {
+		panic(err)
+	}
+	c.Write([]byte("hello"))
+	reply := make([]byte, 5)
+	io.ReadFull(c, reply)
+	c.Close()
+	fmt.Println(string(reply))
+	// Output: hello
+}
