@@ -151,7 +151,8 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 		ipID  uint16
 		seq   uint32
 		flags uint8
-		csOff int // offset of the L4 checksum
+		proto uint8 = protoUDP
+		csOff       = l4 + 6 // offset of the L4 checksum
 	)
 	if isIPv4 {
 		ipID = binary.BigEndian.Uint16(frame[l2+4:])
@@ -159,16 +160,16 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 	if isTCP {
 		seq = binary.BigEndian.Uint32(frame[l4+4:])
 		flags = frame[l4+13]
+		proto = protoTCP
 		csOff = l4 + 16
-	} else {
-		csOff = l4 + 6
 	}
-	// Address part of the pseudo-header, the same for every segment.
-	pseudo := pseudoHeaderChecksum(frame[l2:], fi.L3, fi.L4Proto, 0)
+	// The pseudo-header without its length, the same for every segment.
+	pseudo := pseudoHeaderChecksum(frame[l2:], fi.L3, proto, 0)
 
 	hdr := s.hdr[:hl]
 	for i := 0; i < n; i++ {
-		seg := payload[min(i*gso, len(payload)):min((i+1)*gso, len(payload))]
+		off := i * gso // <= len(payload) as n is the ceiling of len(payload)/gso
+		seg := payload[off:min(off+gso, len(payload))]
 		l4Total := l4Len + len(seg)
 
 		// Start from the super-frame's headers each time: the sink may

@@ -298,4 +298,3 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("arp_requests_received", st.ARP.RequestsReceived.Value())
 	fn("ndp_neighbor_solicits", st.ICMP.V6.PacketsReceived.NeighborSolicit.Value())
 }
-

@@ -339,4 +339,3 @@ func ratioStr(a, b uint64) string {
 	}
 	return fmt.Sprintf("%.1f", float64(a)/float64(b))
 }
-

@@ -1,0 +1,147 @@
+package driver
+
+import (
+	"bytes"
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
+
+// pkFuzzSeeds returns well-formed frames of every kind ParseFrame knows.
+func pkFuzzSeeds() [][]byte {
+	specs := []pkSpec{
+		{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck, payload: pkPayload(100)},
+		{l3: L3IPv4, proto: protoUDP, payload: pkPayload(30), pad: 6},
+		{l3: L3IPv4, proto: protoICMPv4, payload: pkPayload(56)},
+		{l3: L3IPv4, proto: protoUDP, ipFlags: header.IPv4FlagMoreFragments, payload: pkPayload(64)},
+		{l3: L3IPv4, ipv4Opts: header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}, proto: protoTCP},
+		{l3: L3IPv6, proto: protoTCP, payload: pkPayload(64)},
+		{l3: L3IPv6, proto: protoUDP, payload: pkPayload(64)},
+		{l3: L3IPv6, proto: protoICMPv6, payload: pkPayload(8)},
+		{l3: L3IPv6, ext: []uint8{protoHopByHop, protoRouting, protoDestOpts}, proto: protoTCP, payload: pkPayload(10)},
+		{l3: L3IPv6, ext: []uint8{protoDestOpts, protoFragment}, proto: protoUDP, payload: pkPayload(10)},
+		{l3: L3IPv6, proto: 59},
+		{vlanType: etherTypeVLAN, tci: 100, l3: L3IPv4, proto: protoTCP},
+		{vlanType: etherTypeQinQ, tci: 100, l3: L3IPv6, proto: protoUDP},
+		{l3: L3ARP, pad: 18},
+	}
+	var seeds [][]byte
+	for _, s := range specs {
+		seeds = append(seeds, s.build())
+	}
+	return seeds
+}
+
+func FuzzParseFrame(f *testing.F) {
+	for _, s := range pkFuzzSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		var fi FrameInfo
+		d := ParseFrame(frame, &fi)
+		if d > DropBadUDPLen {
+			t.Fatalf("ParseFrame: got %v, want a reason from %v to %v", d, DropNone, DropBadUDPLen)
+		}
+		if d != DropNone {
+			return
+		}
+		if hl, end := fi.HeaderLen(), fi.L2Len+fi.IPLen; hl > end || end > len(frame) {
+			t.Fatalf("offsets: got HeaderLen %d, L2Len+IPLen %d, frame %d bytes, want HeaderLen <= L2Len+IPLen <= len(frame)", hl, end, len(frame))
+		}
+		if fi.L2Len != ethHdrLen && fi.L2Len != ethHdrLen+vlanTagLen {
+			t.Errorf("L2Len: got %d, want 14 or 18", fi.L2Len)
+		}
+		if fi.Fragment && (fi.L4 != L4Other || fi.L4Len != 0) {
+			t.Errorf("fragment: got L4 %d, L4Len %d, want L4Other and 0", fi.L4, fi.L4Len)
+		}
+		// VerifyChecksums must accept what ParseFrame accepted.
+		switch d := VerifyChecksums(frame, &fi, true); d {
+		case DropNone, DropBadIPCsum, DropBadL4Csum:
+		default:
+			t.Errorf("VerifyChecksums: got %v, want none, bad IP or L4 checksum", d)
+		}
+	})
+}
+
+// FuzzSegment feeds what a TAP read returns: a virtio-net header followed by
+// an Ethernet frame.
+func FuzzSegment(f *testing.F) {
+	for _, s := range pkFuzzSeeds() {
+		var h [VirtioNetHdrLen]byte
+		(&VirtioNetHdr{}).Encode(h[:])
+		f.Add(append(h[:], s...), false)
+	}
+	supers := []struct {
+		spec    pkSpec
+		gsoType uint8
+		gsoSize uint16
+	}{
+		{pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck | header.TCPFlagPsh | header.TCPFlagCwr, payload: pkPayload(3000)}, VirtioNetHdrGSOTCPv4 | VirtioNetHdrGSOECN, 1448},
+		{pkSpec{l3: L3IPv4, proto: protoTCP, tcpFlags: header.TCPFlagFin, seq: 0xffffff00, payload: pkPayload(301)}, VirtioNetHdrGSOTCPv4, 100},
+		{pkSpec{vlanType: etherTypeVLAN, l3: L3IPv6, ext: []uint8{protoHopByHop, protoDestOpts}, proto: protoTCP, payload: pkPayload(2000)}, VirtioNetHdrGSOTCPv6, 999},
+		{pkSpec{l3: L3IPv4, proto: protoUDP, payload: pkPayload(2500)}, VirtioNetHdrGSOUDPL4, 1200},
+		{pkSpec{l3: L3IPv6, proto: protoUDP, payload: pkPayload(1000), pad: 4}, VirtioNetHdrGSOUDPL4, 333},
+		{pkSpec{l3: L3IPv4, proto: protoTCP, payload: nil}, VirtioNetHdrGSOTCPv4, 54},
+	}
+	for _, sf := range supers {
+		h, frame, _ := pkSuperFrame(f, sf.spec, sf.gsoType, sf.gsoSize)
+		b := make([]byte, VirtioNetHdrLen, VirtioNetHdrLen+len(frame))
+		h.Encode(b)
+		f.Add(append(b, frame...), false)
+		f.Add(append(b, frame...), true)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, fill bool) {
+		var h VirtioNetHdr
+		if !h.Decode(b) {
+			return
+		}
+		frame := b[VirtioNetHdrLen:]
+		var fi FrameInfo
+		if ParseFrame(frame, &fi) != DropNone {
+			return
+		}
+		orig := bytes.Clone(frame)
+		s := Segmenter{FillChecksum: fill}
+		var sink pkSegSink
+		n, d := s.Segment(&h, frame, &fi, &sink)
+		if !bytes.Equal(frame, orig) {
+			t.Fatalf("Segment changed the super-frame")
+		}
+		if d != DropNone {
+			if n != 0 || len(sink.hdrs) != 0 {
+				t.Fatalf("Segment: got %d segments (%d sink calls) with drop %v, want 0", n, len(sink.hdrs), d)
+			}
+			if d != DropBadGSO && d != DropBadVnetHdr {
+				t.Fatalf("Segment: got %v, want %v or %v", d, DropBadGSO, DropBadVnetHdr)
+			}
+			return
+		}
+		if n < 1 || n > maxGSOSegments || n != len(sink.hdrs) {
+			t.Fatalf("Segment: got %d segments and %d sink calls, want as many, 1 to %d", n, len(sink.hdrs), maxGSOSegments)
+		}
+		var joined []byte
+		for i := range n {
+			pl := sink.payloads[i]
+			if len(pl) > int(h.GSOSize) {
+				t.Fatalf("segment %d: got %d payload bytes, want at most %d", i, len(pl), h.GSOSize)
+			}
+			joined = append(joined, pl...)
+			seg := sink.frame(i)
+			var sfi FrameInfo
+			if d := ParseFrame(seg, &sfi); d != DropNone {
+				t.Fatalf("segment %d: ParseFrame: got %v, want %v", i, d, DropNone)
+			}
+			want := fi
+			want.IPLen = fi.L3Len + fi.L4Len + len(pl)
+			if sfi != want {
+				t.Fatalf("segment %d: FrameInfo:\ngot  %+v\nwant %+v", i, sfi, want)
+			}
+			if d := VerifyChecksums(seg, &sfi, fill); d != DropNone {
+				t.Fatalf("segment %d: VerifyChecksums(l4 %v): got %v, want %v", i, fill, d, DropNone)
+			}
+		}
+		if want := frame[fi.HeaderLen() : fi.L2Len+fi.IPLen]; !bytes.Equal(joined, want) {
+			t.Fatalf("joined payloads: got %d bytes, want the super-frame's %d payload bytes", len(joined), len(want))
+		}
+	})
+}

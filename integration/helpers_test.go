@@ -1,0 +1,331 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/stack"
+)
+
+const (
+	// writeSize is the size of every write of a bulk sender.
+	writeSize = 64 << 10
+	// cc is the congestion control of the kernel's senders.
+	cc = "cubic"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for TAP and netns; run go test as root")
+	}
+}
+
+// transferTimeout bounds a transfer of n bytes: generous enough for the
+// race detector on a slow machine (it assumes 1 MiB/s), tight enough that a
+// stalled transfer fails instead of hanging the suite.
+func transferTimeout(n int64) time.Duration {
+	return 60*time.Second + time.Duration(n>>20)*time.Second
+}
+
+// rig is a TAPBed with a ustack stack on its TAP, at the bed's StackAddr4
+// and StackAddr6, whose RX pages come from a poisoning pool.
+type rig struct {
+	bed *testbed.TAPBed
+	st  *stack.Stack
+
+	closeOnce sync.Once
+}
+
+// newRig builds a bed (namespace prefix unique to the calling test) with a
+// TAP of the given MTU, opens the TAP with vnet headers and offloads from
+// inside the namespace and starts a stack with driver config dc (its MTU
+// and Pool are set here). Cleanup closes the stack, checks that every page
+// came back, and removes the bed.
+func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
+	t.Helper()
+	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix, MTU: mtu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bed.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	pool, err := bufpool.New(bufpool.Config{Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc.MTU = mtu
+	dc.Pool = pool
+	var tap *driver.TAP
+	if err := bed.Open(func() (err error) {
+		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := stack.New(stack.Config{
+		Wire:   tap, // closed by New on error, by the stack's Close otherwise
+		Addrs:  []netip.Prefix{bed.StackAddr4, bed.StackAddr6},
+		Driver: dc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{bed: bed, st: st}
+	// Registered after the bed's cleanup, so it runs before it: the TAP
+	// must be closed before the namespace is deleted.
+	t.Cleanup(func() { r.close(t) })
+	return r
+}
+
+// close closes the stack (and with it the TAP) and checks that every RX
+// page went back to the pool. Later calls do nothing.
+func (r *rig) close(t *testing.T) {
+	t.Helper()
+	r.closeOnce.Do(func() {
+		if err := r.st.Close(); err != nil {
+			t.Errorf("stack Close: %v", err)
+		}
+		if n := r.st.Driver().Pool().InUse(); n != 0 {
+			t.Errorf("pages in use after stack Close: got %d, want 0", n)
+		}
+	})
+}
+
+// stackAP and kernelAP are the stack's and the kernel's address of the
+// chosen family with a port.
+func (r *rig) stackAP(v6 bool, port uint16) netip.AddrPort {
+	if v6 {
+		return netip.AddrPortFrom(r.bed.StackAddr6.Addr(), port)
+	}
+	return netip.AddrPortFrom(r.bed.StackAddr4.Addr(), port)
+}
+
+func (r *rig) kernelAP(v6 bool, port uint16) netip.AddrPort {
+	if v6 {
+		return netip.AddrPortFrom(r.bed.KernelAddr6.Addr(), port)
+	}
+	return netip.AddrPortFrom(r.bed.KernelAddr4.Addr(), port)
+}
+
+func family(v6 bool) string {
+	if v6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// counters returns every counter of st by name.
+func counters(st *stack.Stack) map[string]uint64 {
+	m := map[string]uint64{}
+	st.EachCounter(func(name string, v uint64) { m[name] = v })
+	return m
+}
+
+// counter returns the counter called name; a name the stack does not have
+// fails the test (a renamed counter must not make a check vacuous).
+func counter(t *testing.T, st *stack.Stack, name string) uint64 {
+	t.Helper()
+	v, ok := counters(st)[name]
+	if !ok {
+		t.Fatalf("stack has no counter %q", name)
+	}
+	return v
+}
+
+// dropReasons lists the non-zero per-reason drop counters, for failure
+// messages.
+func dropReasons(st *stack.Stack) string {
+	var out []string
+	for name, v := range counters(st) {
+		if v != 0 && (strings.HasPrefix(name, "rx_drop_") || name == "rx_dropped") {
+			out = append(out, fmt.Sprintf("%s=%d", name, v))
+		}
+	}
+	sort.Strings(out)
+	if len(out) == 0 {
+		return "(none)"
+	}
+	return strings.Join(out, " ")
+}
+
+// checkFlowDrops checks that the driver dropped nothing but multicast
+// frames for groups the stack has not joined. Those are the kernel's own
+// IPv6 chatter on a link that just got its carrier (MLD reports to
+// ff02::16, router solicitations, DAD of its link-local address), which a
+// NIC's multicast filter drops by design; every other drop would be a frame
+// of the test's traffic.
+func checkFlowDrops(t *testing.T, st *stack.Stack) {
+	t.Helper()
+	c := counters(st)
+	if got := c["rx_dropped"] - c["rx_drop_multicast"]; got != 0 {
+		t.Errorf("rx_dropped (not counting rx_drop_multicast): got %d, want 0; drop counters: %s", got, dropReasons(st))
+	}
+	if m := c["rx_drop_multicast"]; m != 0 {
+		t.Logf("rx_drop_multicast %d (kernel's multicast chatter, filtered)", m)
+	}
+}
+
+// logRate logs a transfer's throughput.
+func logRate(t *testing.T, what string, n int64, d time.Duration) {
+	t.Helper()
+	t.Logf("%s: %d MiB in %v: %.1f MB/s", what, n>>20, d.Round(time.Millisecond), float64(n)/d.Seconds()/1e6)
+}
+
+// randReader returns the pseudo-random byte stream of seed.
+func randReader(seed uint64) *rand.ChaCha8 {
+	var s [32]byte
+	binary.LittleEndian.PutUint64(s[:], seed)
+	return rand.NewChaCha8(s)
+}
+
+// sendHashed writes n pseudo-random bytes (the stream of seed) to w in
+// writes of wsize and returns their SHA-256.
+func sendHashed(w io.Writer, n int64, wsize int, seed uint64) ([32]byte, error) {
+	h := sha256.New()
+	r := randReader(seed)
+	buf := make([]byte, wsize)
+	for sent := int64(0); sent < n; {
+		b := buf[:min(int64(wsize), n-sent)]
+		r.Read(b)
+		h.Write(b)
+		m, err := w.Write(b)
+		sent += int64(m)
+		if err != nil {
+			return [32]byte{}, fmt.Errorf("after %d of %d bytes: %w", sent, n, err)
+		}
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+// hashResult is what a hashing receiver saw.
+type hashResult struct {
+	n   int64
+	sum [32]byte
+	err error
+}
+
+// recvHashed reads r to EOF and returns the byte count and SHA-256.
+func recvHashed(r io.Reader) hashResult {
+	h := sha256.New()
+	n, err := io.CopyBuffer(h, r, make([]byte, 256<<10))
+	var res hashResult
+	res.n, res.err = n, err
+	h.Sum(res.sum[:0])
+	return res
+}
+
+// checkHash compares a receiver's result with what was sent.
+func checkHash(t *testing.T, got hashResult, n int64, want [32]byte) {
+	t.Helper()
+	if got.err != nil {
+		t.Errorf("receiver: %v (after %d of %d bytes)", got.err, got.n, n)
+		return
+	}
+	if got.n != n {
+		t.Errorf("bytes received: got %d, want %d", got.n, n)
+	}
+	if got.sum != want {
+		t.Errorf("sha256 of received bytes: got %x, want %x", got.sum, want)
+	}
+}
+
+// acceptOne accepts one connection on l in a goroutine, reads it to EOF
+// with the deadline and sends the hash. If nothing connects, closing l
+// ends the wait.
+func acceptOne(l net.Listener, deadline time.Time) <-chan hashResult {
+	res := make(chan hashResult, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			res <- hashResult{err: fmt.Errorf("accept: %w", err)}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		res <- recvHashed(c)
+	}()
+	return res
+}
+
+// waitHash waits for a receiver's result until deadline (plus a grace for
+// the receiver's own deadline to fire).
+func waitHash(t *testing.T, res <-chan hashResult, deadline time.Time) hashResult {
+	t.Helper()
+	timer := time.NewTimer(time.Until(deadline) + 5*time.Second)
+	defer timer.Stop()
+	select {
+	case r := <-res:
+		return r
+	case <-timer.C:
+		t.Fatal("receiver did not finish by its deadline")
+		return hashResult{}
+	}
+}
+
+// kernelToStack sends n pseudo-random bytes from a kernel TCP socket in the
+// bed's namespace to a hashing receiver on the stack at port and checks
+// that the stack received exactly them. It returns the time from the start
+// of the sending to the receiver's EOF.
+func kernelToStack(t *testing.T, r *rig, v6 bool, port uint16, n int64, seed uint64) time.Duration {
+	t.Helper()
+	ap := r.stackAP(v6, port)
+	l, err := r.st.ListenTCP(ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	deadline := time.Now().Add(transferTimeout(n))
+	res := acceptOne(l, deadline)
+
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	c, err := r.bed.NS.DialTCP(ctx, ap, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(deadline)
+	start := time.Now()
+	want, err := sendHashed(c, n, writeSize, seed)
+	if err != nil {
+		t.Fatalf("kernel sender: %v", err)
+	}
+	// Close (FIN after the queued data); the receiver reads to EOF.
+	if err := c.Close(); err != nil {
+		t.Fatalf("kernel sender close: %v", err)
+	}
+	got := waitHash(t, res, deadline)
+	elapsed := time.Since(start)
+	checkHash(t, got, n, want)
+	return elapsed
+}
+
+// errTimeout reports whether err is a deadline expiry.
+func errTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
