@@ -28,8 +28,9 @@ func VerifyChecksums(frame []byte, fi *FrameInfo, l4 bool) Drop {
 	default:
 		return DropNone
 	}
-	if fi.L2Len < 0 || fi.L3Len < minL3 || fi.L4Len < 0 ||
-		fi.IPLen < fi.L3Len+fi.L4Len || fi.IPLen > len(frame)-fi.L2Len {
+	if fi.L2Len < 0 || fi.IPLen < 0 || fi.IPLen > len(frame)-fi.L2Len ||
+		fi.L3Len < minL3 || fi.L3Len > fi.IPLen ||
+		fi.L4Len < 0 || fi.L4Len > fi.IPLen-fi.L3Len {
 		return DropBadIPLen
 	}
 	ip := frame[fi.L2Len : fi.L2Len+fi.IPLen]

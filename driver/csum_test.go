@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"math"
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
@@ -112,6 +113,11 @@ func TestVerifyChecksumsBadInfo(t *testing.T) {
 		{"headers beyond ip packet", func(fi *FrameInfo) { fi.L4Len = 60 }},
 		{"ipv6 on ipv4 frame", func(fi *FrameInfo) { fi.L3 = L3IPv6 }},
 		{"tcp shorter than a header", func(fi *FrameInfo) { fi.IPLen = 30; fi.L4Len = 0 }},
+		{"huge l2", func(fi *FrameInfo) { fi.L2Len = math.MaxInt }},
+		{"huge l3", func(fi *FrameInfo) { fi.L3Len = math.MaxInt }},
+		{"huge l3 and l4", func(fi *FrameInfo) { fi.L3Len, fi.L4Len = math.MaxInt-10, math.MaxInt-10 }},
+		{"negative ip length", func(fi *FrameInfo) { fi.IPLen = -1 }},
+		{"huge ip length", func(fi *FrameInfo) { fi.L2Len, fi.IPLen = -math.MaxInt, math.MaxInt }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

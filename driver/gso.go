@@ -124,10 +124,15 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 		minL4 = tcpMinHdrLen
 	}
 	l2, l3Len, l4Len := fi.L2Len, fi.L3Len, fi.L4Len
-	hl := fi.HeaderLen()
+	if l2 < ethHdrLen || l2 > maxGSOHeaderLen ||
+		l3Len < minL3 || l3Len > maxGSOHeaderLen ||
+		l4Len < minL4 || l4Len > maxGSOHeaderLen || l4Len%2 != 0 ||
+		fi.IPLen < 0 || fi.IPLen > len(frame) {
+		return 0, DropBadGSO
+	}
+	hl := l2 + l3Len + l4Len
 	end := l2 + fi.IPLen
-	if l2 < ethHdrLen || l3Len < minL3 || l4Len < minL4 || l4Len%2 != 0 ||
-		hl > end || end > len(frame) || hl > len(s.hdr) {
+	if hl > end || end > len(frame) || hl > len(s.hdr) {
 		return 0, DropBadGSO
 	}
 

@@ -3,6 +3,7 @@ package driver
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
@@ -449,6 +450,10 @@ func TestSegmentDrop(t *testing.T) {
 		{name: "info tcp header short", spec: tcp4, gsoType: VirtioNetHdrGSOTCPv4, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.L4Len = 8 }, want: DropBadGSO},
 		{name: "info l3 short", spec: tcp6, gsoType: VirtioNetHdrGSOTCPv6, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.L3Len = 20 }, want: DropBadGSO},
 		{name: "info no l2", spec: tcp4, gsoType: VirtioNetHdrGSOTCPv4, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.L2Len = 0 }, want: DropBadGSO},
+		{name: "info huge l2", spec: tcp4, gsoType: VirtioNetHdrGSOTCPv4, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.L2Len = math.MaxInt - 30 }, want: DropBadGSO},
+		{name: "info huge l3 and l4", spec: tcp4, gsoType: VirtioNetHdrGSOTCPv4, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.L3Len, fi.L4Len = math.MaxInt-10, math.MaxInt-10 }, want: DropBadGSO},
+		{name: "info negative ip length", spec: tcp4, gsoType: VirtioNetHdrGSOTCPv4, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.IPLen = -math.MaxInt }, want: DropBadGSO},
+		{name: "info odd udp header", spec: udp4, gsoType: VirtioNetHdrGSOUDPL4, gsoSize: 1448, mutFI: func(fi *FrameInfo) { fi.L4Len = 9 }, want: DropBadGSO},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

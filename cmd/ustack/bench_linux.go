@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,13 +24,6 @@ import (
 	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack"
 )
-
-// benchRow is one configuration of the bench table.
-type benchRow struct {
-	name  string
-	pol   policy
-	stock bool // gVisor's stock fdbased endpoint instead of ustack's driver
-}
 
 // sample is one measured run of a row.
 type sample struct {
@@ -93,18 +85,6 @@ func benchCmd(args []string) error {
 	}
 	printBench(os.Stdout, rows, results)
 	return nil
-}
-
-// defaultRows is {LRO on, off} x {hds auto, 256}.
-func defaultRows(mtu int) []benchRow {
-	var rows []benchRow
-	for _, lro := range []string{"on", "off"} {
-		for _, hds := range []string{"auto", "256"} {
-			p := policy{mtu: mtu, rq: "striding", lro: lro, hds: hds, budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k"}
-			rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
-		}
-	}
-	return rows
 }
 
 const benchPort = 5001
@@ -272,21 +252,6 @@ func lastLine(b []byte) []byte {
 		return b[i+1:]
 	}
 	return b
-}
-
-// median returns the median and the spread (min, max) of xs.
-func median(xs []float64) (med, lo, hi float64) {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	n := len(s)
-	if n == 0 {
-		return 0, 0, 0
-	}
-	med = s[n/2]
-	if n%2 == 0 {
-		med = (s[n/2-1] + s[n/2]) / 2
-	}
-	return med, s[0], s[n-1]
 }
 
 func field(ss []sample, f func(sample) float64) []float64 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sort"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -84,4 +85,38 @@ func memRun(row benchRow, dur time.Duration) (float64, error) {
 	el := time.Since(start)
 	c.Close()
 	return float64(sent) * 8 / el.Seconds() / 1e9, nil
+}
+
+// median returns the median and the spread (min, max) of xs.
+func median(xs []float64) (med, lo, hi float64) {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	n := len(s)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return med, s[0], s[n-1]
+}
+
+// benchRow is one configuration of the bench table.
+type benchRow struct {
+	name  string
+	pol   policy
+	stock bool // gVisor's stock fdbased endpoint instead of ustack's driver
+}
+
+// defaultRows is {LRO on, off} x {hds auto, 256}.
+func defaultRows(mtu int) []benchRow {
+	var rows []benchRow
+	for _, lro := range []string{"on", "off"} {
+		for _, hds := range []string{"auto", "256"} {
+			p := policy{mtu: mtu, rq: "striding", lro: lro, hds: hds, budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k"}
+			rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
+		}
+	}
+	return rows
 }

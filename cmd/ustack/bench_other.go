@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -12,3 +13,5 @@ func benchCmd(args []string) error {
 	fmt.Fprintln(os.Stderr, "ustack bench: TAP devices need Linux: measuring over the in-memory wire")
 	return benchMem(3*time.Second, 3, 1500)
 }
+
+func sendCmd([]string) error { return errors.New("send needs Linux") }

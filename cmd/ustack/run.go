@@ -57,7 +57,7 @@ func runCmd(args []string) error {
 
 	w, err := driver.OpenTAP(driver.TAPConfig{Name: *tap, VnetHdr: true, Offloads: true})
 	if err != nil {
-		return err
+		return usageError{err} // a missing TAP or no permission: say so, exit 2
 	}
 	cfg.Wire = w
 	cfg.Addrs = addrs
