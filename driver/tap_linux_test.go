@@ -509,7 +509,6 @@ func TestTAPTruncate(t *testing.T) {
 				if err != nil {
 					t.Fatalf("short Read: %v", err)
 				}
-				t.Logf("short read %d type %#x", n, header.Ethernet(short[hdr:]).Type())
 				if n == len(short) && header.Ethernet(short[hdr:]).Type() == header.IPv4ProtocolNumber {
 					got = append(got, n)
 					break

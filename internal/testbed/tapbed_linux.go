@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // TAPConfig configures NewTAPBed. The zero value is usable.
@@ -134,8 +136,46 @@ func (b *TAPBed) Close() error {
 	return errors.Join(errs...)
 }
 
-// Open runs open inside the bed's namespace (b.NS.Do(open)): a TAP must be
-// opened (/dev/net/tun and TUNSETIFF) from the namespace its device is in.
+// Open runs open inside the bed's namespace (b.NS.Do(open)), since a TAP
+// must be opened (/dev/net/tun and TUNSETIFF) from the namespace its device
+// is in, and then, if open succeeded, waits up to ReadyTimeout for the link
+// to come up (see WaitReady). If the link does not come up Open returns an
+// error; whatever open opened stays open for the caller to close. Use
+// b.NS.Do to run something in the namespace without waiting.
 func (b *TAPBed) Open(open func() error) error {
-	return b.NS.Do(open)
+	if err := b.NS.Do(open); err != nil {
+		return err
+	}
+	return b.WaitReady(ReadyTimeout)
+}
+
+// ReadyTimeout is how long Open waits for the link to come up.
+const ReadyTimeout = 2 * time.Second
+
+// WaitReady waits until the kernel's side of the TAP can transmit: until
+// its operational state is UP. Attaching a descriptor turns the carrier on,
+// but the kernel only moves the link to UP and attaches its transmit queue
+// discipline later, from its link-watch worker; until then it silently
+// drops what it sends on the TAP. WaitReady polls the operational state
+// and then makes a no-op configuration change, which the kernel serialises
+// after the worker's whole update.
+func (b *TAPBed) WaitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := b.NS.Output("-o", "link", "show", "dev", b.TAPName)
+		if err != nil {
+			return fmt.Errorf("tap bed: wait for %s: %w", b.TAPName, err)
+		}
+		if strings.Contains(out, " state UP ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("tap bed: %s not up after %v (is a descriptor attached?): %s", b.TAPName, timeout, strings.TrimSpace(out))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := b.NS.IP("link", "set", "dev", b.TAPName, "up"); err != nil {
+		return fmt.Errorf("tap bed: %w", err)
+	}
+	return nil
 }

@@ -226,9 +226,9 @@ func TestTAPBed(t *testing.T) {
 			if err != nil || strings.TrimSpace(out) != "" {
 				t.Errorf("default route: %q %v", out, err)
 			}
-			// Open runs inside the namespace.
+			// Do runs inside the namespace.
 			var names []string
-			if err := b.Open(func() error {
+			if err := b.NS.Do(func() error {
 				ifs, err := net.Interfaces()
 				for _, i := range ifs {
 					names = append(names, i.Name)
@@ -239,6 +239,24 @@ func TestTAPBed(t *testing.T) {
 			}
 			if len(names) != 2 || names[1] != tt.wantTAP {
 				t.Errorf("interfaces in bed: %v", names)
+			}
+
+			// Without a descriptor attached the link never comes up.
+			if err := b.WaitReady(50 * time.Millisecond); err == nil {
+				t.Error("WaitReady succeeded with no descriptor attached")
+			}
+			// Open attaches one from inside the namespace and waits.
+			fd := -1
+			if err := b.Open(func() (err error) {
+				fd, err = attachTAP(b.TAPName)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			out, err = b.NS.Output("-o", "link", "show", "dev", b.TAPName)
+			unix.Close(fd)
+			if err != nil || !strings.Contains(out, "state UP") {
+				t.Errorf("after Open: %q %v", out, err)
 			}
 
 			closed = true
@@ -282,12 +300,21 @@ func TestTAPBedBadConfig(t *testing.T) {
 	}
 }
 
+// netnsCount counts the namespaces this process created and has not
+// deleted (other processes may be making their own meanwhile).
 func netnsCount(t *testing.T) int {
 	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
 	if err != nil {
 		t.Fatalf("ip netns list: %v: %s", err, out)
 	}
-	return len(strings.Fields(string(out)))
+	mine := "-" + strconv.Itoa(os.Getpid()) + "-"
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], mine) {
+			n++
+		}
+	}
+	return n
 }
 
 func TestDialTCPCongestion(t *testing.T) {
@@ -484,3 +511,22 @@ func TestCleanupOnSignal(t *testing.T) {
 type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
+
+// attachTAP opens /dev/net/tun and attaches it to the TAP device name in
+// the calling thread's namespace.
+func attachTAP(name string) (int, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err == nil {
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+		err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
