@@ -79,6 +79,7 @@ func (d *Driver) nicLoop() {
 		n.receive(n.rbuf[:m])
 		if n.pending >= d.cfg.Budget {
 			n.publish()
+			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 		}
 	}
 }

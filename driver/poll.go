@@ -12,6 +12,7 @@ func (d *Driver) pollLoop() {
 	d.PollCPU.Store(int32(cpu))
 	start := ThreadCPUTime()
 	cons := d.cons.Load()
+	polls := 0
 	for {
 		prod := d.prod.Load()
 		if prod == cons {
@@ -32,6 +33,9 @@ func (d *Driver) pollLoop() {
 			continue
 		}
 		cons = d.poll(cons, prod)
+		if polls++; polls%16 == 0 {
+			d.stats.PollCPUNanos.Store(ThreadCPUTime() - start)
+		}
 	}
 }
 
