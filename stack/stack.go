@@ -201,7 +201,8 @@ func fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber
 	return fa, ipv4.ProtocolNumber
 }
 
-// ListenTCP listens on addr (an unspecified address listens on every
+// ListenTCP listens on addr. Accept on the closed listener returns an
+// error wrapping net.ErrClosed. An unspecified address listens on every
 // address of the stack's family: use netip.IPv6Unspecified() for IPv6 and
 // IPv4-mapped, 0.0.0.0 for IPv4 only).
 func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
@@ -213,7 +214,7 @@ func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen tcp %s: %w", addr, err)
 	}
-	return l, nil
+	return &listener{Listener: l}, nil
 }
 
 // DialTCP connects to addr.
@@ -236,7 +237,7 @@ func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen udp %s: %w", addr, err)
 	}
-	return c, nil
+	return &packetConn{PacketConn: c}, nil
 }
 
 // Close stops the driver and the gVisor stack. Every RX page is back in the

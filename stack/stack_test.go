@@ -259,3 +259,27 @@ func Example() {
 	fmt.Println(string(reply))
 	// Output: hello
 }
+
+func TestClosedSocketsReportErrClosed(t *testing.T) {
+	rx, _ := pair(t, driver.Config{})
+	l, err := rx.ListenTCP(netip.MustParseAddrPort("192.0.2.1:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ServeDiscard(l, nil) }()
+	l.Close()
+	if err := <-done; err != nil {
+		t.Errorf("ServeDiscard after Close: got %v, want nil", err)
+	}
+	u, err := rx.ListenUDP(netip.MustParseAddrPort("192.0.2.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- ServeUDPEcho(u) }()
+	time.Sleep(10 * time.Millisecond)
+	u.Close()
+	if err := <-done; err != nil {
+		t.Errorf("ServeUDPEcho after Close: got %v, want nil", err)
+	}
+}
