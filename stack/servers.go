@@ -31,21 +31,52 @@ func ServeDiscard(l net.Listener, n *atomic.Uint64) error {
 
 // ServeEcho accepts connections on l and writes back everything they send
 // (RFC 862). It returns when l is closed, after every handler has finished.
+//
+// Each connection reads and writes concurrently through up to echoBacklog
+// bytes of buffers, so that a peer which sends more than the socket buffers
+// hold before it reads still gets its echo. (gVisor, like RFC 793, does not
+// take the acknowledgement from a data segment that falls outside a zero
+// receive window; an echo that stops reading while its own send waits for
+// that acknowledgement would wait forever.)
 func ServeEcho(l net.Listener) error {
-	return serve(l, func(c net.Conn) {
-		buf := make([]byte, serverBufSize)
-		for {
-			m, err := c.Read(buf)
+	return serve(l, echo)
+}
+
+const (
+	echoBufSize = 64 << 10
+	echoBacklog = 8 << 20
+)
+
+func echo(c net.Conn) {
+	free := make(chan []byte, echoBacklog/echoBufSize)
+	for range cap(free) {
+		free <- make([]byte, echoBufSize)
+	}
+	full := make(chan []byte, cap(free))
+	go func() {
+		defer close(full)
+		for buf := range free {
+			m, err := c.Read(buf[:cap(buf)])
 			if m > 0 {
-				if _, werr := c.Write(buf[:m]); werr != nil {
-					return
-				}
+				full <- buf[:m]
+			} else {
+				free <- buf
 			}
 			if err != nil {
 				return
 			}
 		}
-	})
+	}()
+	failed := false
+	for buf := range full {
+		if !failed {
+			if _, err := c.Write(buf); err != nil {
+				failed = true
+				c.Close() // stops the reader
+			}
+		}
+		free <- buf
+	}
 }
 
 func serve(l net.Listener, handle func(net.Conn)) error {

@@ -283,3 +283,25 @@ func TestClosedSocketsReportErrClosed(t *testing.T) {
 		t.Errorf("ServeUDPEcho after Close: got %v, want nil", err)
 	}
 }
+
+func TestGVisorCounters(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	l, err := rx.ListenTCP(netip.MustParseAddrPort("192.0.2.1:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := peer.DialTCP(context.Background(), netip.MustParseAddrPort("192.0.2.1:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	got := map[string]uint64{}
+	peer.EachGVisorCounter(func(name string, v uint64) { got[name] = v })
+	if len(got) < 50 {
+		t.Errorf("gVisor counters: got %d, want dozens", len(got))
+	}
+	if got["gvisor_tcp_active_connection_openings"] != 1 {
+		t.Errorf("gvisor_tcp_active_connection_openings: got %d, want 1", got["gvisor_tcp_active_connection_openings"])
+	}
+}
