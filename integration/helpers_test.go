@@ -13,11 +13,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
@@ -28,6 +31,10 @@ import (
 const (
 	// writeSize is the size of every write of a bulk sender.
 	writeSize = 64 << 10
+	// stallTimeout bounds every single read and write of a transfer (see
+	// progressConn): a transfer that makes no progress for this long has
+	// stalled, which fails it long before its overall deadline.
+	stallTimeout = 30 * time.Second
 	// cc is the congestion control of the kernel's senders.
 	cc = "cubic"
 )
@@ -104,6 +111,9 @@ func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 func (r *rig) close(t *testing.T) {
 	t.Helper()
 	r.closeOnce.Do(func() {
+		if t.Failed() {
+			t.Logf("counters at failure: %s", allCounters(r.st))
+		}
 		if err := r.st.Close(); err != nil {
 			t.Errorf("stack Close: %v", err)
 		}
@@ -152,6 +162,17 @@ func counter(t *testing.T, st *stack.Stack, name string) uint64 {
 		t.Fatalf("stack has no counter %q", name)
 	}
 	return v
+}
+
+// allCounters lists every non-zero counter, for failure messages.
+func allCounters(st *stack.Stack) string {
+	var out []string
+	st.EachCounter(func(name string, v uint64) {
+		if v != 0 {
+			out = append(out, fmt.Sprintf("%s=%d", name, v))
+		}
+	})
+	return strings.Join(out, " ")
 }
 
 // dropReasons lists the non-zero per-reason drop counters, for failure
@@ -238,19 +259,24 @@ func recvHashed(r io.Reader) hashResult {
 	return res
 }
 
-// checkHash compares a receiver's result with what was sent.
-func checkHash(t *testing.T, got hashResult, n int64, want [32]byte) {
+// checkHash compares a receiver's result with what was sent and reports
+// whether they agree.
+func checkHash(t *testing.T, got hashResult, n int64, want [32]byte) bool {
 	t.Helper()
 	if got.err != nil {
 		t.Errorf("receiver: %v (after %d of %d bytes)", got.err, got.n, n)
-		return
+		return false
 	}
+	ok := true
 	if got.n != n {
 		t.Errorf("bytes received: got %d, want %d", got.n, n)
+		ok = false
 	}
 	if got.sum != want {
 		t.Errorf("sha256 of received bytes: got %x, want %x", got.sum, want)
+		ok = false
 	}
+	return ok
 }
 
 // acceptOne accepts one connection on l in a goroutine, reads it to EOF
@@ -266,21 +292,22 @@ func acceptOne(l net.Listener, deadline time.Time) <-chan hashResult {
 		}
 		defer c.Close()
 		c.SetDeadline(deadline)
-		res <- recvHashed(c)
+		res <- recvHashed(progressConn{c, deadline})
 	}()
 	return res
 }
 
 // waitHash waits for a receiver's result until deadline (plus a grace for
 // the receiver's own deadline to fire).
-func waitHash(t *testing.T, res <-chan hashResult, deadline time.Time) hashResult {
+func waitHash(t *testing.T, r *rig, res <-chan hashResult, deadline time.Time) hashResult {
 	t.Helper()
 	timer := time.NewTimer(time.Until(deadline) + 5*time.Second)
 	defer timer.Stop()
 	select {
-	case r := <-res:
-		return r
+	case got := <-res:
+		return got
 	case <-timer.C:
+		diagnose(t, r)
 		t.Fatal("receiver did not finish by its deadline")
 		return hashResult{}
 	}
@@ -310,18 +337,110 @@ func kernelToStack(t *testing.T, r *rig, v6 bool, port uint16, n int64, seed uin
 	defer c.Close()
 	c.SetDeadline(deadline)
 	start := time.Now()
-	want, err := sendHashed(c, n, writeSize, seed)
+	want, err := sendHashed(progressConn{c, deadline}, n, writeSize, seed)
 	if err != nil {
+		diagnose(t, r)
 		t.Fatalf("kernel sender: %v", err)
 	}
 	// Close (FIN after the queued data); the receiver reads to EOF.
 	if err := c.Close(); err != nil {
 		t.Fatalf("kernel sender close: %v", err)
 	}
-	got := waitHash(t, res, deadline)
+	got := waitHash(t, r, res, deadline)
 	elapsed := time.Since(start)
-	checkHash(t, got, n, want)
+	if !checkHash(t, got, n, want) {
+		diagnose(t, r)
+	}
 	return elapsed
+}
+
+// progressConn sets a fresh deadline before every Read and Write:
+// stallTimeout from now, but never later than end.
+type progressConn struct {
+	net.Conn
+	end time.Time
+}
+
+func (c progressConn) next() time.Time {
+	d := time.Now().Add(stallTimeout)
+	if d.After(c.end) {
+		return c.end
+	}
+	return d
+}
+
+func (c progressConn) Read(b []byte) (int, error) {
+	c.Conn.SetReadDeadline(c.next())
+	return c.Conn.Read(b)
+}
+
+func (c progressConn) Write(b []byte) (int, error) {
+	c.Conn.SetWriteDeadline(c.next())
+	return c.Conn.Write(b)
+}
+
+// diagnose logs what helps to understand a stalled or failed transfer: the
+// kernel's view of its TCP sockets in the bed's namespace (ss -tinm) and
+// every non-zero counter of the stack, if there is one.
+func diagnose(t *testing.T, r *rig) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := r.bed.NS.Exec(ctx, "ss", "-tinm").CombinedOutput()
+	if err != nil {
+		t.Logf("ss -tinm: %v", err)
+	}
+	t.Logf("kernel TCP sockets (ss -tinm):\n%s", out)
+	out, err = r.bed.NS.Exec(ctx, "nstat", "-a").CombinedOutput()
+	if err != nil {
+		t.Logf("nstat -a: %v", err)
+	}
+	t.Logf("kernel network counters (nstat -a):\n%s", out)
+	if r.st != nil {
+		t.Logf("counters: %s", allCounters(r.st))
+		t.Logf("gVisor stats: %s", gvisorStats(r.st))
+	}
+}
+
+// gvisorStats lists the non-zero counters of the gVisor stack
+// (EachGVisorCounter) and of each of its endpoints (TCP: zero-window
+// states, segment queue drops, ...), named by their field path.
+func gvisorStats(st *stack.Stack) string {
+	var out []string
+	add := func(name string, v uint64) {
+		if v != 0 {
+			out = append(out, fmt.Sprintf("%s=%d", name, v))
+		}
+	}
+	st.EachGVisorCounter(add)
+	counterType := reflect.TypeOf((*tcpip.StatCounter)(nil))
+	var walk func(prefix string, v reflect.Value)
+	walk = func(prefix string, v reflect.Value) {
+		switch {
+		case v.Type() == counterType:
+			if !v.IsNil() {
+				add(prefix, v.Interface().(*tcpip.StatCounter).Value())
+			}
+		case v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface:
+			if !v.IsNil() {
+				walk(prefix, v.Elem())
+			}
+		case v.Kind() == reflect.Struct && v.CanAddr() && v.Addr().Type() == counterType:
+			add(prefix, v.Addr().Interface().(*tcpip.StatCounter).Value())
+		case v.Kind() == reflect.Struct:
+			for i := 0; i < v.NumField(); i++ {
+				if f := v.Type().Field(i); f.IsExported() {
+					walk(prefix+"."+f.Name, v.Field(i))
+				}
+			}
+		}
+	}
+	for i, ep := range st.GVisor().RegisteredEndpoints() {
+		if e, ok := ep.(interface{ Stats() tcpip.EndpointStats }); ok {
+			walk(fmt.Sprintf("endpoint%d", i), reflect.ValueOf(e.Stats()))
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // errTimeout reports whether err is a deadline expiry.

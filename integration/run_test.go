@@ -170,16 +170,20 @@ func TestRunBinary(t *testing.T) {
 			}
 			defer c.Close()
 			c.SetDeadline(deadline)
+			pc := progressConn{c, deadline}
 			res := make(chan hashResult, 1)
-			go func() { res <- recvHashed(io.LimitReader(c, n)) }()
+			go func() { res <- recvHashed(io.LimitReader(pc, n)) }()
 			start := time.Now()
-			want, err := sendHashed(c, n, writeSize, uint64(400+i))
+			want, err := sendHashed(pc, n, writeSize, uint64(400+i))
 			if err != nil {
+				diagnose(t, r)
 				c.Close()
 				<-res
 				t.Fatalf("kernel sender: %v", err)
 			}
-			checkHash(t, waitHash(t, res, deadline), n, want)
+			if !checkHash(t, waitHash(t, r, res, deadline), n, want) {
+				diagnose(t, r)
+			}
 			logRate(t, "kernel -> ustack run echo -> kernel", n, time.Since(start))
 		})
 	}
@@ -206,7 +210,8 @@ func TestRunBinary(t *testing.T) {
 		defer c.Close()
 		c.SetDeadline(deadline)
 		start := time.Now()
-		if _, err := sendHashed(c, n, writeSize, 500); err != nil {
+		if _, err := sendHashed(progressConn{c, deadline}, n, writeSize, 500); err != nil {
+			diagnose(t, r)
 			t.Fatalf("kernel sender: %v", err)
 		}
 		// The server closes once it has read everything up to our FIN:
@@ -214,8 +219,9 @@ func TestRunBinary(t *testing.T) {
 		if err := c.CloseWrite(); err != nil {
 			t.Fatal(err)
 		}
-		m, err := io.Copy(io.Discard, c)
+		m, err := io.Copy(io.Discard, progressConn{c, deadline})
 		if err != nil {
+			diagnose(t, r)
 			t.Fatalf("waiting for the discard server's FIN: %v", err)
 		}
 		if m != 0 {
@@ -249,6 +255,12 @@ func TestRunBinary(t *testing.T) {
 		// The last block is the one printed at exit.
 		if n, _ := strconv.ParseUint(m[len(m)-1][1], 10, 64); n == 0 {
 			t.Errorf("final rx_packets: got %s, want > 0", m[len(m)-1][1])
+		}
+		// A clean shutdown prints nothing on stderr but the startup line:
+		// servers whose listener was closed must end quietly.
+		errLines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if len(errLines) > 1 {
+			t.Errorf("stderr after SIGTERM: got %d lines after the startup line, want none:\n%s", len(errLines)-1, strings.Join(errLines[1:], "\n"))
 		}
 		last := out[strings.LastIndex(out, "NIC statistics:"):]
 		t.Logf("final counters (excerpt):\n%s", excerpt(last, "rx_packets", "rx_bytes", "rx_dropped", "rx_drop_multicast", "tx_packets", "tx_gso_packets", "tcp_segments_received"))

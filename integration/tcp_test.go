@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,32 +22,30 @@ import (
 //
 // The eight rows are a fractional factorial of the five dimensions (family,
 // MTU, LRO, HDS, RQ type): every value of every dimension appears in four
-// rows and every LRO x HDS pair in two. The first row, the base case
-// (IPv4, MTU 1500, LRO on, hds auto, striding RQ: ustack run's defaults),
-// moves 256 MiB; the others move 64 MiB each, to keep the suite within a
-// few minutes under the race detector.
+// rows and every LRO x HDS pair in two. The first row is the base case
+// (IPv4, MTU 1500, LRO on, hds auto, striding RQ: ustack run's defaults).
+// Every row moves 256 MiB: about 90 seconds for all eight under the race
+// detector on a 2-CPU machine, 8 seconds without. Should the suite outgrow
+// its time budget, keep 256 MiB for the base case and give the other rows
+// 64 MiB (enough to see every counter move).
 func TestTCPBulk(t *testing.T) {
 	needRoot(t)
-	const (
-		base  = 256 << 20
-		other = 64 << 20
-	)
+	const n = 256 << 20
 	tests := []struct {
 		v6  bool
 		mtu int
 		lro bool
 		hds int
 		rq  driver.RQMode
-		n   int64
 	}{
-		{false, 1500, true, driver.HDSAuto, driver.RQStriding, base},
-		{false, 1500, false, 256, driver.RQCyclic, other},
-		{false, 9000, true, 256, driver.RQCyclic, other},
-		{false, 9000, false, driver.HDSAuto, driver.RQStriding, other},
-		{true, 1500, true, 256, driver.RQStriding, other},
-		{true, 1500, false, driver.HDSAuto, driver.RQCyclic, other},
-		{true, 9000, true, driver.HDSAuto, driver.RQCyclic, other},
-		{true, 9000, false, 256, driver.RQStriding, other},
+		{false, 1500, true, driver.HDSAuto, driver.RQStriding},
+		{false, 1500, false, 256, driver.RQCyclic},
+		{false, 9000, true, 256, driver.RQCyclic},
+		{false, 9000, false, driver.HDSAuto, driver.RQStriding},
+		{true, 1500, true, 256, driver.RQStriding},
+		{true, 1500, false, driver.HDSAuto, driver.RQCyclic},
+		{true, 9000, true, driver.HDSAuto, driver.RQCyclic},
+		{true, 9000, false, 256, driver.RQStriding},
 	}
 	for i, tt := range tests {
 		lro := "off"
@@ -55,8 +55,8 @@ func TestTCPBulk(t *testing.T) {
 		name := fmt.Sprintf("%s/mtu-%d/lro-%s/hds-%s/%s", family(tt.v6), tt.mtu, lro, driver.FormatHDS(tt.hds), tt.rq)
 		t.Run(name, func(t *testing.T) {
 			r := newRig(t, fmt.Sprintf("usit-bulk%d", i), tt.mtu, driver.Config{LRO: tt.lro, HDS: tt.hds, RQ: tt.rq})
-			elapsed := kernelToStack(t, r, tt.v6, 9, tt.n, uint64(i+1))
-			logRate(t, "kernel -> ustack", tt.n, elapsed)
+			elapsed := kernelToStack(t, r, tt.v6, 9, n, uint64(i+1))
+			logRate(t, "kernel -> ustack", n, elapsed)
 
 			c := counters(r.st)
 			t.Logf("rx_packets %d rx_lro_packets %d rx_gso_frames %d rx_gso_segs %d rx_hds_payload_bytes %d tcp_retransmits %d",
@@ -117,19 +117,24 @@ func TestTCPEcho(t *testing.T) {
 				}
 				defer c.Close()
 				c.SetDeadline(deadline)
+				pc := progressConn{c, deadline}
+				win := &echoWindow{limit: echoOutstanding, end: deadline}
 				res := make(chan hashResult, 1)
-				go func() { res <- recvHashed(io.LimitReader(c, n)) }()
+				go func() { res <- recvHashed(io.LimitReader(win.reader(pc), n)) }()
 				start := time.Now()
-				want, err := sendHashed(c, n, writeSize, seed)
+				want, err := sendHashed(win.writer(pc), n, writeSize, seed)
 				if err != nil {
+					diagnose(t, r)
 					// Unblock the reader before failing.
 					c.Close()
 					<-res
 					t.Fatalf("kernel sender: %v", err)
 				}
-				got := waitHash(t, res, deadline)
+				got := waitHash(t, r, res, deadline)
 				elapsed := time.Since(start)
-				checkHash(t, got, n, want)
+				if !checkHash(t, got, n, want) {
+					diagnose(t, r)
+				}
 				logRate(t, "kernel -> ustack echo -> kernel", n, elapsed)
 				t.Logf("tx_packets %d tx_gso_packets %d tx_errors %d tcp_retransmits %d",
 					counter(t, r.st, "tx_packets"), counter(t, r.st, "tx_gso_packets"), counter(t, r.st, "tx_errors"), counter(t, r.st, "tcp_retransmits"))
@@ -138,6 +143,53 @@ func TestTCPEcho(t *testing.T) {
 		}
 	}
 }
+
+// echoOutstanding bounds the bytes the echo client has sent but not yet
+// read back, as a real echo client bounds its requests in flight. Without a
+// bound the client pushes data faster than the echo can return it, ustack's
+// receive window closes, and gVisor (strict RFC 793 acceptance, unlike
+// Linux) then ignores the acknowledgements piggybacked on the kernel's data
+// segments: both sides wait on retransmission timeouts. That is a gVisor
+// limitation, noted on the issue; this test is about ustack's data path.
+const echoOutstanding = 4 << 20
+
+// echoWindow makes a writer wait while more than limit bytes written have
+// not yet been read back through its reader.
+type echoWindow struct {
+	limit      int64
+	end        time.Time
+	sent, read atomic.Int64
+}
+
+func (w *echoWindow) writer(c io.Writer) io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		for w.sent.Load()-w.read.Load() > w.limit {
+			if time.Now().After(w.end) {
+				return 0, os.ErrDeadlineExceeded
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		n, err := c.Write(b)
+		w.sent.Add(int64(n))
+		return n, err
+	})
+}
+
+func (w *echoWindow) reader(c io.Reader) io.Reader {
+	return readerFunc(func(b []byte) (int, error) {
+		n, err := c.Read(b)
+		w.read.Add(int64(n))
+		return n, err
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(b []byte) (int, error) { return f(b) }
 
 // TestTCPStackToKernel has ustack dial a kernel listener in the namespace
 // and send a stream to it, which exercises ustack's transmit path with TSO
@@ -169,16 +221,19 @@ func TestTCPStackToKernel(t *testing.T) {
 			defer c.Close()
 			c.SetDeadline(deadline)
 			start := time.Now()
-			want, err := sendHashed(c, n, writeSize, seed)
+			want, err := sendHashed(progressConn{c, deadline}, n, writeSize, seed)
 			if err != nil {
+				diagnose(t, r)
 				t.Fatalf("ustack sender: %v", err)
 			}
 			if err := c.Close(); err != nil {
 				t.Fatalf("ustack sender close: %v", err)
 			}
-			got := waitHash(t, res, deadline)
+			got := waitHash(t, r, res, deadline)
 			elapsed := time.Since(start)
-			checkHash(t, got, n, want)
+			if !checkHash(t, got, n, want) {
+				diagnose(t, r)
+			}
 			logRate(t, "ustack -> kernel", n, elapsed)
 			c2 := counters(r.st)
 			t.Logf("tx_packets %d tx_bytes %d tx_gso_packets %d tx_errors %d tcp_retransmits %d",
