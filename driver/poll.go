@@ -52,7 +52,7 @@ func (d *Driver) poll(cons, prod uint32) uint32 {
 		pkt := d.build(cqe)
 		bytes += uint64(pkt.Len)
 		hds += uint64(len(pkt.Linear))
-		if h := pkt.Info.HeaderLen(); len(pkt.Linear) > h {
+		if h := cqe.Info.HeaderLen(); len(pkt.Linear) > h {
 			hdsPayload += uint64(len(pkt.Linear) - h)
 		}
 		if len(pkt.Frags) == 0 {
@@ -120,13 +120,12 @@ func MinHeaderLen(fi *FrameInfo) int {
 // part, the rest of the frame left in place as frags. The CQE's page
 // references move to the packet.
 func (d *Driver) build(cqe *CQE) *Packet {
-	pkt := NewPacket()
-	pkt.Info = cqe.Info
-	pkt.Csum = cqe.Csum
+	pkt := bufpool.NewPacket()
+	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize
 	pkt.Len = int(cqe.ByteCount)
 	want := d.headerCopyLen(cqe)
-	lin := pkt.linear[:0]
+	lin := pkt.Linear[:0]
 	for i := 0; i < int(cqe.NFrags); i++ {
 		f := cqe.Frags[i]
 		cqe.Frags[i] = bufpool.Frag{}
