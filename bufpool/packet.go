@@ -22,6 +22,11 @@ type Packet struct {
 	Frags  []Frag // each holds a page reference until Release
 	Len    int    // len(Linear) + the frags' lengths (Next's excluded)
 
+	// HdrLen is the length of the frame's headers (Ethernet, IP, L4) as
+	// the NIC parsed them. It may be more than len(Linear) when the header
+	// copy was shorter than the headers, or less when it took payload too.
+	HdrLen int
+
 	// CsumVerified reports that every checksum of the frame was verified,
 	// or vouched for by the wire (virtio-net NEEDS_CSUM or DATA_VALID).
 	CsumVerified bool
@@ -94,7 +99,7 @@ func (p *Packet) Release() {
 		}
 		p.Linear = p.linear[:0]
 		p.Frags = p.frags[:0]
-		p.Len, p.CsumVerified, p.GSOSize, p.Segs, p.Next = 0, false, 0, 1, nil
+		p.Len, p.HdrLen, p.CsumVerified, p.GSOSize, p.Segs, p.Next = 0, 0, false, 0, 1, nil
 		packetCache.Put(p)
 		p = next
 	}

@@ -124,6 +124,7 @@ func (d *Driver) build(cqe *CQE) *Packet {
 	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize
 	pkt.Len = int(cqe.ByteCount)
+	pkt.HdrLen = cqe.Info.HeaderLen()
 	want := d.headerCopyLen(cqe)
 	lin := pkt.Linear[:0]
 	for i := 0; i < int(cqe.NFrags); i++ {
