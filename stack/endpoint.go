@@ -37,10 +37,11 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 	return &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
 }
 
-// Deliver hands one received frame to gVisor: the linear part becomes a
+// Deliver hands one received packet to gVisor: the linear part becomes a
 // small view of its own (so that gVisor's header parsing never touches the
-// payload's chunk), the frags are copied once into a payload view, and the
-// RX pages are released at once. Called by the poll loop only.
+// payload's chunk), the payload (frags, then the payload of any packets
+// chained by GRO's slow path) is copied once into a second view, and the RX
+// pages are released at once. Called by the poll loop only.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 	defer pkt.Release()
 	e.mu.RLock()
@@ -50,10 +51,13 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 		return
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
-	if n := pkt.PayloadLen(); n > 0 {
+	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
 		v := buffer.NewView(n)
 		for _, f := range pkt.Frags {
 			v.Write(f.Bytes())
+		}
+		for q := pkt.Next; q != nil; q = q.Next {
+			writePayload(v, q)
 		}
 		buf.Append(v)
 	}
@@ -66,6 +70,36 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 	proto := header.Ethernet(hdr).Type()
 	pb.NetworkProtocolNumber = proto
 	d.DeliverNetworkPacket(proto, pb)
+}
+
+// chainHeaders returns the header bytes of the packets chained behind p,
+// which are not delivered: their payload continues p's.
+func chainHeaders(p *driver.Packet) int {
+	n := 0
+	for q := p.Next; q != nil; q = q.Next {
+		n += min(q.HdrLen, q.Len)
+	}
+	return n
+}
+
+// writePayload writes q's bytes after its headers to v.
+func writePayload(v *buffer.View, q *driver.Packet) {
+	skip := q.HdrLen
+	if skip < len(q.Linear) {
+		v.Write(q.Linear[skip:])
+		skip = 0
+	} else {
+		skip -= len(q.Linear)
+	}
+	for _, f := range q.Frags {
+		b := f.Bytes()
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		v.Write(b[skip:])
+		skip = 0
+	}
 }
 
 // Flush ends a poll batch. gVisor processes each packet as it is delivered,
