@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"time"
 	"strconv"
 	"strings"
 
@@ -78,6 +79,12 @@ func ParseOnOff(name, s string) (bool, error) {
 	return false, fmt.Errorf("%s %q: want on or off", name, s)
 }
 
+// FrameTap receives copies of frames for capture. WriteFrame must not
+// retain the parts.
+type FrameTap interface {
+	WriteFrame(t time.Time, parts ...[]byte)
+}
+
 // Defaults.
 const (
 	DefaultMTU        = 1500
@@ -125,6 +132,10 @@ type Config struct {
 	// NICCPUs and PollCPUs pin the NIC model's thread and the poll loop's
 	// thread to these CPUs (nil: not pinned).
 	NICCPUs, PollCPUs []int
+	// WireTap, if set, is given every frame read from the wire (without its
+	// virtio-net header, before the NIC model looks at it), on the NIC
+	// model's goroutine: `ustack run -pcap-wire`.
+	WireTap FrameTap
 	// Pool supplies the RX pages. If nil, a 4 KB order-0 pool is made.
 	Pool *bufpool.Pool
 }

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"errors"
+	"time"
 
 	"github.com/ustack/ustack/bufpool"
 )
@@ -97,6 +98,9 @@ func (n *nicState) receive(b []byte) {
 	}
 	frame := b[VirtioNetHdrLen:]
 	st.WireBytes.Add(uint64(len(frame)))
+	if t := d.cfg.WireTap; t != nil {
+		t.WriteFrame(time.Now(), frame)
+	}
 	if len(frame) < 14 {
 		n.dropped(DropShortEther)
 		return

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"sync"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -23,6 +24,8 @@ type linkEndpoint struct {
 	mu         sync.RWMutex
 	dispatcher stack.NetworkDispatcher // +checklocks:mu
 	onClose    func()                  // +checklocks:mu
+
+	pcap *PcapWriter // packets as delivered, or nil
 
 	txMu  sync.Mutex
 	parts [][]byte // +checklocks:txMu
@@ -51,6 +54,7 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 		return
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
+	var payload []byte
 	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
 		v := buffer.NewView(n)
 		for _, f := range pkt.Frags {
@@ -59,7 +63,11 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 		for q := pkt.Next; q != nil; q = q.Next {
 			writePayload(v, q)
 		}
+		payload = v.AsSlice()
 		buf.Append(v)
+	}
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), pkt.Linear, payload)
 	}
 	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
 	defer pb.DecRef()

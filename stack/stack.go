@@ -51,6 +51,10 @@ type Config struct {
 	Driver driver.Config
 	// Pool configures the RX page pool (used when Driver.Pool is nil).
 	Pool bufpool.Config
+	// Pcap, if set, records every packet as it is handed to gVisor (after
+	// GRO: a merged packet is one large frame). PcapWire records the frames
+	// as read from the wire. The Stack does not close them.
+	Pcap, PcapWire *PcapWriter
 	// NoSACK turns TCP selective acknowledgements off (on by default).
 	NoSACK bool
 	// NoModerateReceiveBuffer turns receive-buffer auto-tuning off.
@@ -88,6 +92,9 @@ func New(cfg Config) (s *Stack, err error) {
 	dc := cfg.Driver
 	dc.MAC = cfg.MAC
 	dc.Multicast = multicastMACs(cfg.Addrs)
+	if cfg.PcapWire != nil {
+		dc.WireTap = cfg.PcapWire
+	}
 	if dc.Pool == nil {
 		if dc.Pool, err = bufpool.New(cfg.Pool); err != nil {
 			return nil, err
@@ -99,6 +106,7 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	dc = drv.Config()
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
+	ep.pcap = cfg.Pcap
 	ip, err := newGVisor(ep, &cfg)
 	if err != nil {
 		drv.Close()

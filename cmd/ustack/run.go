@@ -27,6 +27,8 @@ func runCmd(args []string) error {
 		discard = fs.String("discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
 		echo    = fs.String("echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
 		stats   = fs.Duration("stats", 0, "print counters every DURATION (0: only at exit)")
+		pcap    = fs.String("pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
+		pcapW   = fs.String("pcap-wire", "", "write the frames as read from the TAP to this pcap file")
 	)
 	pol.register(fs)
 	fs.Var(&addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
@@ -55,6 +57,24 @@ func runCmd(args []string) error {
 		return usageError{err}
 	}
 
+	for _, p := range []struct {
+		path string
+		dst  **stack.PcapWriter
+	}{{*pcap, &cfg.Pcap}, {*pcapW, &cfg.PcapWire}} {
+		if p.path == "" {
+			continue
+		}
+		w, err := stack.CreatePcap(p.path)
+		if err != nil {
+			return usageError{err}
+		}
+		*p.dst = w
+		defer func() {
+			if err := w.Close(); err != nil {
+				fmt.Fprintf(os.Stderr, "ustack run: %v\n", err)
+			}
+		}()
+	}
 	w, err := driver.OpenTAP(driver.TAPConfig{Name: *tap, VnetHdr: true, Offloads: true})
 	if err != nil {
 		return usageError{err} // a missing TAP or no permission: say so, exit 2

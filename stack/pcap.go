@@ -1,0 +1,115 @@
+package stack
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+)
+
+// PcapWriter writes frames to a pcap file (link type Ethernet), readable by
+// tcpdump and Wireshark. It is safe for concurrent use; each frame is given
+// as the parts it is made of so that callers need not flatten it.
+type PcapWriter struct {
+	mu  sync.Mutex
+	f   *os.File      // nil when writing to a plain io.Writer
+	w   *bufio.Writer // +checklocks:mu
+	err error         // +checklocks:mu
+	hdr [16]byte      // +checklocks:mu
+}
+
+const (
+	pcapMagic    = 0xa1b23c4d // nanosecond timestamps
+	pcapSnapLen  = 262144
+	pcapEthernet = 1 // LINKTYPE_ETHERNET
+)
+
+// CreatePcap creates (or truncates) the file at path and writes the pcap
+// file header.
+func CreatePcap(path string) (*PcapWriter, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("pcap: %w", err)
+	}
+	p, err := NewPcapWriter(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	p.f = f
+	return p, nil
+}
+
+// NewPcapWriter writes the pcap file header to w and returns a writer of
+// frames to it.
+func NewPcapWriter(w io.Writer) (*PcapWriter, error) {
+	p := &PcapWriter{w: bufio.NewWriterSize(w, 1<<20)}
+	var h [24]byte
+	binary.LittleEndian.PutUint32(h[0:], pcapMagic)
+	binary.LittleEndian.PutUint16(h[4:], 2) // version 2.4
+	binary.LittleEndian.PutUint16(h[6:], 4)
+	binary.LittleEndian.PutUint32(h[16:], pcapSnapLen)
+	binary.LittleEndian.PutUint32(h[20:], pcapEthernet)
+	if _, err := p.w.Write(h[:]); err != nil {
+		return nil, fmt.Errorf("pcap: %w", err)
+	}
+	return p, nil
+}
+
+// WriteFrame appends one frame made of parts, captured at time t. Errors
+// are kept and returned by Close; a failed writer drops further frames.
+func (p *PcapWriter) WriteFrame(t time.Time, parts ...[]byte) {
+	n := 0
+	for _, b := range parts {
+		n += len(b)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return
+	}
+	capLen := min(n, pcapSnapLen)
+	ns := t.UnixNano()
+	binary.LittleEndian.PutUint32(p.hdr[0:], uint32(ns/1e9))
+	binary.LittleEndian.PutUint32(p.hdr[4:], uint32(ns%1e9))
+	binary.LittleEndian.PutUint32(p.hdr[8:], uint32(capLen))
+	binary.LittleEndian.PutUint32(p.hdr[12:], uint32(n))
+	if _, err := p.w.Write(p.hdr[:]); err != nil {
+		p.err = err
+		return
+	}
+	for _, b := range parts {
+		if capLen == 0 {
+			break
+		}
+		b = b[:min(len(b), capLen)]
+		capLen -= len(b)
+		if _, err := p.w.Write(b); err != nil {
+			p.err = err
+			return
+		}
+	}
+}
+
+// Close flushes what is buffered and closes the file it created, if any.
+// It returns the first error the writer met.
+func (p *PcapWriter) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.w.Flush(); err != nil && p.err == nil {
+		p.err = err
+	}
+	if p.f != nil {
+		if err := p.f.Close(); err != nil && p.err == nil {
+			p.err = err
+		}
+		p.f = nil
+	}
+	if p.err != nil {
+		return fmt.Errorf("pcap: %w", p.err)
+	}
+	return nil
+}
