@@ -2,9 +2,9 @@ package driver
 
 import (
 	"fmt"
-	"time"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ustack/ustack/bufpool"
 )
