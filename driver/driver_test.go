@@ -35,7 +35,7 @@ func (c *collector) Deliver(p *Packet) {
 	c.n.Add(1)
 }
 
-func (c *collector) Flush() {}
+func (c *collector) Flush() time.Duration { return 0 }
 
 // waitFor waits until c has been given n packets.
 func (c *collector) waitFor(t testing.TB, n int64) {
@@ -305,5 +305,39 @@ func BenchmarkRx(b *testing.B) {
 			c.waitFor(b, sent)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(sent), "ns/pkt")
 		})
+	}
+}
+
+// timerHandler asks to be flushed again 2 ms after each batch, three times.
+type timerHandler struct {
+	collector
+	flushes atomic.Int64
+}
+
+func (h *timerHandler) Flush() time.Duration {
+	if h.flushes.Add(1) < 4 {
+		return 2 * time.Millisecond
+	}
+	return 0
+}
+
+// TestFlushTimer checks that a handler holding packets is flushed again
+// when the wire goes quiet, as gro_flush_timeout's timer does, and no more
+// once it says it holds nothing.
+func TestFlushTimer(t *testing.T) {
+	h := &timerHandler{}
+	_, w := newTestDriver(t, Config{}, h)
+	good := pkSpec{l3: L3IPv4, proto: protoUDP, payload: pkPayload(100)}
+	if err := w.Write(wireFrame(VirtioNetHdr{}, good.build())); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor(t, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for h.flushes.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := h.flushes.Load(); got != 4 {
+		t.Errorf("flushes after one packet and a quiet wire: got %d, want 4 (one per batch, then three by the timer)", got)
 	}
 }

@@ -1,6 +1,10 @@
 package driver
 
-import "github.com/ustack/ustack/bufpool"
+import (
+	"time"
+
+	"github.com/ustack/ustack/bufpool"
+)
 
 // CsumState is what the NIC model knows about a frame's checksums.
 type CsumState uint8
@@ -45,6 +49,8 @@ type Packet = bufpool.Packet
 type Handler interface {
 	// Deliver takes ownership of pkt.
 	Deliver(pkt *Packet)
-	// Flush ends a poll batch.
-	Flush()
+	// Flush ends a poll batch. It returns how soon it wants to be called
+	// again if no packet arrives meanwhile (the gro_flush_timeout timer
+	// of a handler that holds packets across batches), or 0.
+	Flush() time.Duration
 }

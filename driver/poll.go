@@ -1,6 +1,10 @@
 package driver
 
-import "github.com/ustack/ustack/bufpool"
+import (
+	"time"
+
+	"github.com/ustack/ustack/bufpool"
+)
 
 func (d *Driver) pollLoop() {
 	defer close(d.pollDone)
@@ -13,16 +17,29 @@ func (d *Driver) pollLoop() {
 	start := ThreadCPUTime()
 	cons := d.cons.Load()
 	polls := 0
+	// The handler's flush timer: armed when a Flush asks to be called
+	// again, so that packets it holds leave even if the wire goes quiet.
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var again time.Duration
 	for {
 		prod := d.prod.Load()
 		if prod == cons {
 			d.stats.PollCPUNanos.Store(ThreadCPUTime() - start)
+			var tc <-chan time.Time
+			if again > 0 {
+				timer.Reset(again)
+				tc = timer.C
+			}
 			// Sleep until the NIC raises an interrupt. Re-check after
 			// announcing it so that no completion is missed.
 			d.pollSleeping.Store(true)
 			if d.prod.Load() == cons {
 				select {
 				case <-d.irq:
+				case <-tc:
+					again = d.handler.Flush()
 				case <-d.stop:
 					d.pollSleeping.Store(false)
 					d.drain(cons)
@@ -30,9 +47,10 @@ func (d *Driver) pollLoop() {
 				}
 			}
 			d.pollSleeping.Store(false)
+			timer.Stop()
 			continue
 		}
-		cons = d.poll(cons, prod)
+		cons, again = d.poll(cons, prod)
 		if polls++; polls%16 == 0 {
 			d.stats.PollCPUNanos.Store(ThreadCPUTime() - start)
 		}
@@ -40,8 +58,8 @@ func (d *Driver) pollLoop() {
 }
 
 // poll processes one batch of at most Budget completions and returns the
-// new consumer index.
-func (d *Driver) poll(cons, prod uint32) uint32 {
+// new consumer index and what the handler's Flush returned.
+func (d *Driver) poll(cons, prod uint32) (uint32, time.Duration) {
 	n := prod - cons
 	if n > uint32(d.cfg.Budget) {
 		n = uint32(d.cfg.Budget)
@@ -69,7 +87,7 @@ func (d *Driver) poll(cons, prod uint32) uint32 {
 		default:
 		}
 	}
-	d.handler.Flush()
+	again := d.handler.Flush()
 	st := &d.stats
 	st.Polls.Add(1)
 	st.Packets.Add(uint64(n))
@@ -78,7 +96,7 @@ func (d *Driver) poll(cons, prod uint32) uint32 {
 	st.HDSPayload.Add(hdsPayload)
 	st.LinearOnly.Add(linearOnly)
 	st.PacketFrags.Add(frags)
-	return cons
+	return cons, again
 }
 
 // headerCopyLen is the linear part's length for a frame: the seed 000

@@ -112,7 +112,7 @@ func writePayload(v *buffer.View, q *driver.Packet) {
 
 // Flush ends a poll batch. gVisor processes each packet as it is delivered,
 // so there is nothing held to flush yet.
-func (e *linkEndpoint) Flush() {}
+func (e *linkEndpoint) Flush() time.Duration { return 0 }
 
 // MTU implements stack.LinkEndpoint.
 func (e *linkEndpoint) MTU() uint32 { return e.mtu }
