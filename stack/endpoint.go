@@ -40,34 +40,50 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 	return &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
 }
 
-// Deliver hands one received packet to gVisor: the linear part becomes a
-// small view of its own (so that gVisor's header parsing never touches the
-// payload's chunk), the payload (frags, then the payload of any packets
-// chained by GRO's slow path) is copied once into a second view, and the RX
-// pages are released at once. Called by the poll loop only.
+// Deliver takes one received packet from the poll loop: into the GRO
+// engine when there is one, else straight to gVisor. Called by the poll
+// loop only.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
+	e.toGVisor(pkt)
+}
+
+// toGVisor hands a packet to gVisor and releases it: the linear part
+// becomes a small view of its own (so that gVisor's header parsing never
+// touches the payload's chunk), the payload (frags, then the payload of any
+// packets chained by GRO's slow path) is copied once into a second view,
+// and the RX pages go back to the pool at once.
+func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	defer pkt.Release()
+	var payload *buffer.View
+	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
+		payload = buffer.NewView(n)
+		writeAfter(payload, pkt, len(pkt.Linear))
+		for q := pkt.Next; q != nil; q = q.Next {
+			writeAfter(payload, q, q.HdrLen)
+		}
+	}
+	if e.pcap != nil {
+		var b []byte
+		if payload != nil {
+			b = payload.AsSlice()
+		}
+		e.pcap.WriteFrame(time.Now(), pkt.Linear, b)
+	}
+	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
+	if payload != nil {
+		buf.Append(payload)
+	}
+	e.dispatch(buf)
+}
+
+// dispatch delivers one frame, owned by the call, to gVisor.
+func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 	e.mu.RLock()
 	d := e.dispatcher
 	e.mu.RUnlock()
 	if d == nil {
+		buf.Release()
 		return
-	}
-	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
-	var payload []byte
-	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
-		v := buffer.NewView(n)
-		for _, f := range pkt.Frags {
-			v.Write(f.Bytes())
-		}
-		for q := pkt.Next; q != nil; q = q.Next {
-			writePayload(v, q)
-		}
-		payload = v.AsSlice()
-		buf.Append(v)
-	}
-	if e.pcap != nil {
-		e.pcap.WriteFrame(time.Now(), pkt.Linear, payload)
 	}
 	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
 	defer pb.DecRef()
@@ -90,9 +106,9 @@ func chainHeaders(p *driver.Packet) int {
 	return n
 }
 
-// writePayload writes q's bytes after its headers to v.
-func writePayload(v *buffer.View, q *driver.Packet) {
-	skip := q.HdrLen
+// writeAfter writes q's bytes from offset skip on (linear part, then
+// frags) to v.
+func writeAfter(v *buffer.View, q *driver.Packet, skip int) {
 	if skip < len(q.Linear) {
 		v.Write(q.Linear[skip:])
 		skip = 0
