@@ -35,7 +35,7 @@ func (c *collector) Deliver(p *Packet) {
 	c.n.Add(1)
 }
 
-func (c *collector) Flush() time.Duration { return 0 }
+func (c *collector) Flush(bool) time.Duration { return 0 }
 
 // waitFor waits until c has been given n packets.
 func (c *collector) waitFor(t testing.TB, n int64) {
@@ -314,7 +314,7 @@ type timerHandler struct {
 	flushes atomic.Int64
 }
 
-func (h *timerHandler) Flush() time.Duration {
+func (h *timerHandler) Flush(bool) time.Duration {
 	if h.flushes.Add(1) < 4 {
 		return 2 * time.Millisecond
 	}

@@ -49,8 +49,12 @@ type Packet = bufpool.Packet
 type Handler interface {
 	// Deliver takes ownership of pkt.
 	Deliver(pkt *Packet)
-	// Flush ends a poll batch. It returns how soon it wants to be called
-	// again if no packet arrives meanwhile (the gro_flush_timeout timer
-	// of a handler that holds packets across batches), or 0.
-	Flush() time.Duration
+	// Flush ends a poll batch. more reports that the batch used the whole
+	// budget and completions are still waiting, as when a kernel NAPI poll
+	// returns its full weight: then, like napi_poll, a GRO handler flushes
+	// only what is older than a jiffy, and everything once the ring is
+	// drained. Flush returns how soon it wants to be called again if no
+	// packet arrives meanwhile (the gro_flush_timeout timer of a handler
+	// that still holds packets), or 0.
+	Flush(more bool) time.Duration
 }

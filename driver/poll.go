@@ -23,9 +23,18 @@ func (d *Driver) pollLoop() {
 	timer.Stop()
 	defer timer.Stop()
 	var again time.Duration
+	more := false // the last batch ended with completions still waiting
 	for {
 		prod := d.prod.Load()
 		if prod == cons {
+			if more {
+				// The ring is drained: a full flush, as
+				// napi_complete_done does before interrupts are
+				// re-enabled.
+				more = false
+				again = d.handler.Flush(false)
+				continue
+			}
 			d.stats.PollCPUNanos.Store(ThreadCPUTime() - start)
 			var tc <-chan time.Time
 			if again > 0 {
@@ -39,7 +48,7 @@ func (d *Driver) pollLoop() {
 				select {
 				case <-d.irq:
 				case <-tc:
-					again = d.handler.Flush()
+					again = d.handler.Flush(false)
 				case <-d.stop:
 					d.pollSleeping.Store(false)
 					d.drain(cons)
@@ -50,7 +59,7 @@ func (d *Driver) pollLoop() {
 			timer.Stop()
 			continue
 		}
-		cons, again = d.poll(cons, prod)
+		cons, more, again = d.poll(cons, prod)
 		if polls++; polls%16 == 0 {
 			d.stats.PollCPUNanos.Store(ThreadCPUTime() - start)
 		}
@@ -58,8 +67,9 @@ func (d *Driver) pollLoop() {
 }
 
 // poll processes one batch of at most Budget completions and returns the
-// new consumer index and what the handler's Flush returned.
-func (d *Driver) poll(cons, prod uint32) (uint32, time.Duration) {
+// new consumer index, whether completions are still waiting, and what the
+// handler's Flush returned.
+func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	n := prod - cons
 	if n > uint32(d.cfg.Budget) {
 		n = uint32(d.cfg.Budget)
@@ -87,7 +97,8 @@ func (d *Driver) poll(cons, prod uint32) (uint32, time.Duration) {
 		default:
 		}
 	}
-	again := d.handler.Flush()
+	more := d.prod.Load() != cons
+	again := d.handler.Flush(more)
 	st := &d.stats
 	st.Polls.Add(1)
 	st.Packets.Add(uint64(n))
@@ -96,7 +107,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, time.Duration) {
 	st.HDSPayload.Add(hdsPayload)
 	st.LinearOnly.Add(linearOnly)
 	st.PacketFrags.Add(frags)
-	return cons, again
+	return cons, more, again
 }
 
 // headerCopyLen is the linear part's length for a frame: the seed 000

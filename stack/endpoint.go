@@ -10,6 +10,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/gro"
 )
 
 // linkEndpoint is the gVisor link endpoint in front of the driver. It
@@ -26,6 +27,12 @@ type linkEndpoint struct {
 	onClose    func()                  // +checklocks:mu
 
 	pcap *PcapWriter // packets as delivered, or nil
+
+	// Poll loop only.
+	gro        *gro.Engine // nil with GRO off
+	groTimeout time.Duration
+	epoch      time.Time
+	now        int64 // the current batch's clock (ns since epoch), 0 between batches
 
 	txMu  sync.Mutex
 	parts [][]byte // +checklocks:txMu
@@ -44,6 +51,10 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 // engine when there is one, else straight to gVisor. Called by the poll
 // loop only.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
+	if e.gro != nil {
+		e.gro.Receive(pkt, e.nowNS())
+		return
+	}
 	e.toGVisor(pkt)
 }
 
@@ -54,6 +65,10 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 // and the RX pages go back to the pool at once.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	defer pkt.Release()
+	if l3, l4, ok := udpTrain(pkt); ok {
+		e.splitUDP(pkt, l3, l4)
+		return
+	}
 	var payload *buffer.View
 	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
 		payload = buffer.NewView(n)
@@ -126,9 +141,30 @@ func writeAfter(v *buffer.View, q *driver.Packet, skip int) {
 	}
 }
 
-// Flush ends a poll batch. gVisor processes each packet as it is delivered,
-// so there is nothing held to flush yet.
-func (e *linkEndpoint) Flush() time.Duration { return 0 }
+// Flush ends a poll batch. When the ring is drained, GRO flushes what it
+// holds (or, with a flush timeout, what is older than it); when the batch
+// used the whole budget and more is waiting, only what is older than a
+// jiffy, as napi_poll does, so that GRO packets are not cut at every budget.
+// Flush asks to be called again while GRO still holds packets.
+func (e *linkEndpoint) Flush(more bool) time.Duration {
+	if e.gro == nil {
+		return 0
+	}
+	if more {
+		e.gro.FlushOlderThan(max(jiffy, e.groTimeout), e.nowNS())
+	} else {
+		e.gro.EndBatch(e.nowNS())
+	}
+	e.now = 0
+	if e.gro.Held() > 0 {
+		return e.groTimeout
+	}
+	return 0
+}
+
+// jiffy is how old a GRO packet may grow while the poll loop has more
+// work: one tick of a HZ=1000 kernel.
+const jiffy = time.Millisecond
 
 // MTU implements stack.LinkEndpoint.
 func (e *linkEndpoint) MTU() uint32 { return e.mtu }

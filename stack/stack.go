@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/gro"
 )
 
 // DefaultMAC is the station address used when Config.MAC is zero: a locally
@@ -55,6 +57,11 @@ type Config struct {
 	// GRO: a merged packet is one large frame). PcapWire records the frames
 	// as read from the wire. The Stack does not close them.
 	Pcap, PcapWire *PcapWriter
+	// NoGRO turns the GRO engine off (on by default, as `ethtool -K gro`).
+	NoGRO bool
+	// GROFlushTimeout is gro_flush_timeout: 0 flushes GRO at the end of
+	// every poll batch; more keeps packets across batches until that old.
+	GROFlushTimeout time.Duration
 	// NoSACK turns TCP selective acknowledgements off (on by default).
 	NoSACK bool
 	// NoModerateReceiveBuffer turns receive-buffer auto-tuning off.
@@ -107,6 +114,15 @@ func New(cfg Config) (s *Stack, err error) {
 	dc = drv.Config()
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
 	ep.pcap = cfg.Pcap
+	ep.epoch = time.Now()
+	if !cfg.NoGRO {
+		if cfg.GROFlushTimeout < 0 {
+			drv.Close()
+			return nil, fmt.Errorf("stack: gro flush timeout %v < 0", cfg.GROFlushTimeout)
+		}
+		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(ep))
+		ep.groTimeout = cfg.GROFlushTimeout
+	}
 	ip, err := newGVisor(ep, &cfg)
 	if err != nil {
 		drv.Close()
@@ -289,6 +305,9 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		fn("rx_pp_pages_in_use", uint64(ps.InUse))
 		fn("rx_pp_pages_allocated", uint64(ps.Allocated))
 		fn("rx_pp_bytes_held", uint64(ps.Allocated)*uint64(ps.PageBytes))
+		if s.ep.gro != nil {
+			s.ep.gro.Stats().Each(fn)
+		}
 	}
 	st := s.ip.Stats()
 	fn("ip_packets_received", st.IP.PacketsReceived.Value())

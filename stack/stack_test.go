@@ -144,6 +144,26 @@ func TestTCPBulkMem(t *testing.T) {
 			if !tc.dc.LRO && st.GSOSegs.Load() == 0 {
 				t.Errorf("rx_gso_segs: got 0, want > 0 with LRO off")
 			}
+			if !tc.dc.LRO {
+				var skbs, fragList uint64
+				rx.EachCounter(func(name string, v uint64) {
+					switch name {
+					case "rx_gro_skbs":
+						skbs = v
+					case "rx_gro_frag_list":
+						fragList = v
+					}
+				})
+				if skbs == 0 {
+					t.Errorf("rx_gro_skbs: got 0, want > 0 with LRO off and GRO on")
+				}
+				if tc.dc.HDS == driver.HDSAuto && fragList != 0 {
+					t.Errorf("rx_gro_frag_list with hds auto: got %d, want 0", fragList)
+				}
+				if tc.dc.HDS == 256 && fragList == 0 {
+					t.Errorf("rx_gro_frag_list with hds 256: got 0, want > 0")
+				}
+			}
 			if tc.dc.HDS == driver.HDSAuto && st.HDSPayload.Load() != 0 {
 				t.Errorf("rx_hds_payload_bytes with hds auto: got %d, want 0", st.HDSPayload.Load())
 			}

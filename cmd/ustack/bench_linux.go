@@ -272,7 +272,7 @@ func printBench(w io.Writer, rows []benchRow, results [][]sample) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tcc\t")
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t")
 	for i, r := range rows {
 		ss := results[i]
 		g, lo, hi := median(field(ss, func(s sample) float64 { return s.gbps }))
@@ -285,15 +285,19 @@ func printBench(w io.Writer, rows []benchRow, results [][]sample) {
 		}
 		last := ss[len(ss)-1]
 		c := last.counters
-		fpr, ppp, hdsPkt, hdsPay := "-", "-", "-", "-"
+		fpr, ppp, hdsPkt, hdsPay, segs, fl := "-", "-", "-", "-", "-", "-"
 		if !r.stock {
 			fpr = ratioStr(c["rx_packets"], c["rx_wire_reads"])
 			ppp = ratioStr(c["rx_packets"], c["rx_napi_polls"])
 			hdsPkt = ratioStr(c["rx_hds_bytes"], c["rx_packets"])
 			hdsPay = strconv.FormatUint(c["rx_hds_payload_bytes"], 10)
+			if _, ok := c["rx_gro_skbs"]; ok {
+				segs = ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"])
+				fl = strconv.FormatUint(c["rx_gro_frag_list"], 10)
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t\n",
-			r.name, g, lo, hi, ratio, rx, sys, nic*100, fpr, ppp, hdsPkt, hdsPay, last.congestion)
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.name, g, lo, hi, ratio, rx, sys, nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, last.congestion)
 	}
 	tw.Flush()
 }

@@ -109,14 +109,18 @@ type benchRow struct {
 	stock bool // gVisor's stock fdbased endpoint instead of ustack's driver
 }
 
-// defaultRows is {LRO on, off} x {hds auto, 256}.
+// defaultRows are the bench's configurations: {LRO on, off} x {hds auto,
+// 256} with GRO on, and LRO off with GRO off.
 func defaultRows(mtu int) []benchRow {
 	var rows []benchRow
-	for _, lro := range []string{"on", "off"} {
-		for _, hds := range []string{"auto", "256"} {
-			p := policy{mtu: mtu, rq: "striding", lro: lro, hds: hds, budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k"}
-			rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
-		}
+	add := func(lro, hds, gro string) {
+		p := policy{mtu: mtu, rq: "striding", lro: lro, hds: hds, gro: gro, budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k"}
+		rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
 	}
+	add("on", "auto", "on")
+	add("on", "256", "on")
+	add("off", "auto", "on")
+	add("off", "256", "on")
+	add("off", "auto", "off")
 	return rows
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
@@ -18,6 +19,8 @@ type policy struct {
 	rq       string
 	lro      string
 	hds      string
+	gro      string
+	groFlush time.Duration
 	budget   int
 	ring     int
 	order    int
@@ -31,6 +34,8 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.rq, "rq", "striding", "receive queue: striding|cyclic")
 	fs.StringVar(&p.lro, "lro", "on", "hand GSO super-frames up whole: on|off")
 	fs.StringVar(&p.hds, "hds", "auto", "header copy into the linear part: auto (minimal headers)|N bytes")
+	fs.StringVar(&p.gro, "gro", "on", "software GRO on the poll loop: on|off")
+	fs.DurationVar(&p.groFlush, "gro-flush-timeout", 0, "keep GRO packets across poll batches until this old (gro_flush_timeout); 0 flushes at each batch end")
 	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
 	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
 	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
@@ -53,6 +58,15 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	if c.Driver.HDS, err = driver.ParseHDS(p.hds); err != nil {
 		return c, err
 	}
+	gro, err := driver.ParseOnOff("gro", p.gro)
+	if err != nil {
+		return c, err
+	}
+	c.NoGRO = !gro
+	if p.groFlush < 0 {
+		return c, fmt.Errorf("gro-flush-timeout %v: want >= 0", p.groFlush)
+	}
+	c.GROFlushTimeout = p.groFlush
 	c.Driver.Budget = p.budget
 	c.Driver.RingSize = p.ring
 	c.Pool.Order = p.order
@@ -75,7 +89,7 @@ func (p *policy) stackConfig() (stack.Config, error) {
 
 // String describes the policy in flag form.
 func (p *policy) String() string {
-	return fmt.Sprintf("lro=%s hds=%s rq=%s mtu=%d", p.lro, p.hds, p.rq, p.mtu)
+	return fmt.Sprintf("lro=%s hds=%s gro=%s rq=%s mtu=%d", p.lro, p.hds, p.gro, p.rq, p.mtu)
 }
 
 func parseCPUs(s string) ([]int, error) {
