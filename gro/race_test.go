@@ -1,0 +1,5 @@
+//go:build race
+
+package gro
+
+const raceEnabled = true
