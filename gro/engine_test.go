@@ -603,3 +603,41 @@ func TestBytesCounter(t *testing.T) {
 		t.Errorf("rx_gro_bytes: got %d, want %d", got, want)
 	}
 }
+
+// TestStatsConcurrentRead reads the counters from another goroutine while
+// the engine runs (meaningful under -race).
+func TestStatsConcurrentRead(t *testing.T) {
+	pool := newPool(t)
+	tm := newTemplates(t, pool, workload{"tcp4", layoutSplit, tcpWrites(false, 1)})
+	defer tm.release()
+	e := New(Config{}, &releaser{})
+	done := make(chan struct{})
+	read := make(chan uint64)
+	go func() {
+		var last uint64
+		for {
+			select {
+			case <-done:
+				read <- last
+				return
+			default:
+				e.Stats().Each(func(name string, v uint64) {
+					if name == "rx_gro_packets" {
+						last = v
+					}
+				})
+			}
+		}
+	}()
+	for range 20 {
+		for i := range tm.pkts {
+			e.Receive(tm.clone(i), 0)
+		}
+		e.EndBatch(0)
+	}
+	close(done)
+	<-read
+	if got, want := e.Stats().Packets.Load(), uint64(20*45); got != want {
+		t.Errorf("rx_gro_packets: got %d, want %d", got, want)
+	}
+}

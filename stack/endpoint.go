@@ -26,7 +26,8 @@ type linkEndpoint struct {
 	dispatcher stack.NetworkDispatcher // +checklocks:mu
 	onClose    func()                  // +checklocks:mu
 
-	pcap *PcapWriter // packets as delivered, or nil
+	pcap   *PcapWriter // packets as delivered, or nil
+	trains trainTable  // UDP ports bound by TrainConns
 
 	// Poll loop only.
 	gro        *gro.Engine // nil with GRO off
@@ -64,6 +65,9 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 // packets chained by GRO's slow path) is copied once into a second view,
 // and the RX pages go back to the pool at once.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
+	if e.trains.deliver(pkt) {
+		return
+	}
 	defer pkt.Release()
 	if l3, l4, ok := udpTrain(pkt); ok {
 		e.splitUDP(pkt, l3, l4)

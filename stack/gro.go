@@ -25,23 +25,12 @@ func (e *linkEndpoint) nowNS() int64 {
 }
 
 // udpTrain reports whether p is a UDP packet that aggregates several
-// datagrams (a UDP GRO train), and where its UDP header is.
+// datagrams (a UDP GRO train), and where its IP and UDP headers are.
 func udpTrain(p *bufpool.Packet) (l3, l4 int, ok bool) {
-	if p.Segs < 2 || p.GSOSize == 0 || len(p.Linear) < header.EthernetMinimumSize {
+	if p.Segs < 2 || p.GSOSize == 0 {
 		return 0, 0, false
 	}
-	l := p.Linear
-	switch binary.BigEndian.Uint16(l[12:]) {
-	case uint16(header.IPv4ProtocolNumber):
-		if len(l) >= 14+20+8 && l[14+9] == uint8(header.UDPProtocolNumber) {
-			return 14, 14 + int(l[14]&0xf)*4, len(l) >= 14+int(l[14]&0xf)*4+8
-		}
-	case uint16(header.IPv6ProtocolNumber):
-		if len(l) >= 14+40+8 && l[14+6] == uint8(header.UDPProtocolNumber) {
-			return 14, 14 + 40, true
-		}
-	}
-	return 0, 0, false
+	return udpHeaders(p)
 }
 
 // splitUDP hands a UDP train to gVisor as the datagrams it was made of, as

@@ -269,6 +269,13 @@ func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
 func (s *Stack) Close() error {
 	var err error
 	s.close.Do(func() {
+		if s.ep != nil {
+			if m := s.ep.trains.m.Load(); m != nil {
+				for _, c := range *m {
+					c.Close()
+				}
+			}
+		}
 		if s.drv != nil {
 			err = s.drv.Close()
 		}

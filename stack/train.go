@@ -1,0 +1,252 @@
+package stack
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// TrainConn receives the UDP datagrams sent to one local port as GRO
+// trains: one read returns the payloads of several same-size datagrams back
+// to back, with their segment size, as a Linux UDP socket with the UDP_GRO
+// option returns them with a UDP_GRO control message. Trains bypass gVisor's
+// UDP endpoint (which takes one datagram per packet); a TrainConn only
+// receives.
+//
+// The queue between the poll loop and the reader holds a fixed number of
+// trains; when it is full, trains are dropped and counted (Drops), as a
+// socket with a full receive buffer drops.
+type TrainConn struct {
+	s      *Stack
+	port   uint16
+	addr   netip.Addr // the local address bound, or unspecified
+	free   chan *train
+	ready  chan *train
+	done   chan struct{}
+	closed sync.Once
+	drops  atomic.Uint64
+}
+
+type train struct {
+	b    []byte
+	seg  int
+	from netip.AddrPort
+}
+
+const (
+	trainQueue = 64
+	trainBytes = 65536
+)
+
+// ListenUDPTrains binds a train socket to addr (an unspecified address
+// takes every address of the stack). The port must not be bound by another
+// TrainConn; a gVisor UDP socket on the same port receives nothing while the
+// TrainConn is open.
+func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
+	if addr.Port() == 0 {
+		return nil, errors.New("listen udp trains: port 0")
+	}
+	if s.drv == nil {
+		return nil, errors.New("listen udp trains: the stack has no ustack driver")
+	}
+	c := &TrainConn{
+		s: s, port: addr.Port(), addr: addr.Addr().Unmap(),
+		free:  make(chan *train, trainQueue),
+		ready: make(chan *train, trainQueue),
+		done:  make(chan struct{}),
+	}
+	for range trainQueue {
+		c.free <- &train{b: make([]byte, trainBytes)}
+	}
+	if err := s.ep.trains.add(c); err != nil {
+		return nil, fmt.Errorf("listen udp trains %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// ReadTrain waits for a train and copies its payload into b (truncated to
+// len(b)). It returns the payload length, the size of each datagram in it
+// (the last one may be shorter), and the sender. After Close it returns
+// net.ErrClosed; past a deadline, os.ErrDeadlineExceeded.
+func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, from netip.AddrPort, err error) {
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case t := <-c.ready:
+		n = copy(b, t.b)
+		segSize, from = t.seg, t.from
+		c.free <- t
+		return n, segSize, from, nil
+	case <-c.done:
+		return 0, 0, netip.AddrPort{}, net.ErrClosed
+	case <-timeout:
+		return 0, 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+	}
+}
+
+// Drops returns the trains dropped because the queue was full.
+func (c *TrainConn) Drops() uint64 { return c.drops.Load() }
+
+// Close unbinds the port and wakes a blocked ReadTrain.
+func (c *TrainConn) Close() error {
+	c.closed.Do(func() {
+		c.s.ep.trains.remove(c)
+		close(c.done)
+	})
+	return nil
+}
+
+// trainTable maps local UDP ports to train sockets. It is read by the poll
+// loop for every UDP packet, so reads take no lock: writers publish a new
+// map.
+type trainTable struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[uint16]*TrainConn]
+}
+
+func (t *trainTable) add(c *TrainConn) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.m.Load()
+	m := map[uint16]*TrainConn{}
+	if old != nil {
+		for k, v := range *old {
+			m[k] = v
+		}
+	}
+	if _, ok := m[c.port]; ok {
+		return errors.New("port in use")
+	}
+	m[c.port] = c
+	t.m.Store(&m)
+	return nil
+}
+
+func (t *trainTable) remove(c *TrainConn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.m.Load()
+	if old == nil {
+		return
+	}
+	m := map[uint16]*TrainConn{}
+	for k, v := range *old {
+		if v != c {
+			m[k] = v
+		}
+	}
+	t.m.Store(&m)
+}
+
+// deliver hands p to a train socket if one is bound to its destination, and
+// reports whether it did (then p has been released).
+func (t *trainTable) deliver(p *bufpool.Packet) bool {
+	mp := t.m.Load()
+	if mp == nil || len(*mp) == 0 {
+		return false
+	}
+	l3, l4, ok := udpHeaders(p)
+	if !ok {
+		return false
+	}
+	l := p.Linear
+	c := (*mp)[binary.BigEndian.Uint16(l[l4+2:])]
+	if c == nil {
+		return false
+	}
+	var src, dst netip.Addr
+	if l[l3]>>4 == 4 {
+		src = netip.AddrFrom4([4]byte(l[l3+12 : l3+16]))
+		dst = netip.AddrFrom4([4]byte(l[l3+16 : l3+20]))
+	} else {
+		src = netip.AddrFrom16([16]byte(l[l3+8 : l3+24]))
+		dst = netip.AddrFrom16([16]byte(l[l3+24 : l3+40]))
+	}
+	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != dst {
+		return false
+	}
+	defer p.Release()
+	var tr *train
+	select {
+	case tr = <-c.free:
+	default:
+		c.drops.Add(1)
+		return true
+	}
+	hdrLen := l4 + header.UDPMinimumSize
+	n := p.TotalLen() - chainHeaders(p) - hdrLen
+	tr.b = tr.b[:min(n, cap(tr.b))]
+	copyAfter(tr.b, p, hdrLen)
+	tr.seg = int(p.GSOSize)
+	if p.Segs < 2 || tr.seg == 0 {
+		tr.seg = n
+	}
+	tr.from = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l[l4:]))
+	c.ready <- tr
+	return true
+}
+
+// udpHeaders returns the offsets of the IP and UDP headers of a UDP packet
+// whose headers are all in its linear part.
+func udpHeaders(p *bufpool.Packet) (l3, l4 int, ok bool) {
+	l := p.Linear
+	if len(l) < header.EthernetMinimumSize {
+		return 0, 0, false
+	}
+	switch binary.BigEndian.Uint16(l[12:]) {
+	case uint16(header.IPv4ProtocolNumber):
+		if len(l) < 14+20 || l[14+9] != uint8(header.UDPProtocolNumber) {
+			return 0, 0, false
+		}
+		l4 = 14 + int(l[14]&0xf)*4
+	case uint16(header.IPv6ProtocolNumber):
+		if len(l) < 14+40 || l[14+6] != uint8(header.UDPProtocolNumber) {
+			return 0, 0, false
+		}
+		l4 = 14 + 40
+	default:
+		return 0, 0, false
+	}
+	return 14, l4, len(l) >= l4+header.UDPMinimumSize
+}
+
+// copyAfter copies the packet's bytes after skip (and its chain's payload)
+// into b, as far as b reaches.
+func copyAfter(b []byte, p *bufpool.Packet, skip int) {
+	n := 0
+	for q := p; q != nil && n < len(b); q = q.Next {
+		s := skip
+		if q != p {
+			s = q.HdrLen
+		}
+		if s < len(q.Linear) {
+			n += copy(b[n:], q.Linear[s:])
+			s = 0
+		} else {
+			s -= len(q.Linear)
+		}
+		for _, f := range q.Frags {
+			fb := f.Bytes()
+			if s >= len(fb) {
+				s -= len(fb)
+				continue
+			}
+			n += copy(b[n:], fb[s:])
+			s = 0
+		}
+	}
+}

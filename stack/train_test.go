@@ -1,0 +1,123 @@
+package stack
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/ustack/ustack/driver"
+)
+
+// udpBurst sends count datagrams of size bytes from the peer to dst, each
+// filled with its index, and returns them.
+func udpBurst(t *testing.T, peer *Stack, dst netip.AddrPort, count, size int) [][]byte {
+	t.Helper()
+	// Resolve the neighbours first: gVisor queues only a few packets while
+	// it waits for ARP. A connection refused by a closed port does it.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c, err := peer.DialTCP(ctx, netip.AddrPortFrom(dst.Addr(), 1)); err == nil {
+		c.Close()
+	}
+	pu, err := peer.ListenUDP(netip.MustParseAddrPort("192.0.2.2:5555"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pu.Close()
+	var sent [][]byte
+	to := net.UDPAddrFromAddrPort(dst)
+	for i := range count {
+		b := bytes.Repeat([]byte{byte(i), byte(i >> 8)}, size/2)
+		if _, err := pu.WriteTo(b, to); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, b)
+	}
+	return sent
+}
+
+func TestUDPTrains(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	dst := netip.MustParseAddrPort("192.0.2.1:9999")
+	c, err := rx.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rx.ListenUDPTrains(dst); err == nil {
+		t.Errorf("second ListenUDPTrains on one port: got nil error, want one")
+	}
+	// Bursts no larger than the train queue, each read before the next:
+	// a TrainConn drops when its queue is full, as a socket does.
+	const bursts, count, size = 12, 32, 1000
+	var sent [][]byte
+	var got []byte
+	maxSegs := 0
+	buf := make([]byte, 65536)
+	for range bursts {
+		sent = append(sent, udpBurst(t, peer, dst, count, size)...)
+		for len(got) < len(sent)*size {
+			n, seg, from, err := c.ReadTrain(buf, time.Now().Add(5*time.Second))
+			if err != nil {
+				t.Fatalf("after %d of %d bytes (drops %d): %v", len(got), len(sent)*size, c.Drops(), err)
+			}
+			if seg != size {
+				t.Fatalf("segment size: got %d, want %d", seg, size)
+			}
+			if from != netip.MustParseAddrPort("192.0.2.2:5555") {
+				t.Errorf("from: got %v, want 192.0.2.2:5555", from)
+			}
+			maxSegs = max(maxSegs, n/seg)
+			got = append(got, buf[:n]...)
+		}
+	}
+	if want := bytes.Join(sent, nil); !bytes.Equal(got, want) {
+		t.Errorf("train payloads differ from the datagrams sent")
+	}
+	if maxSegs < 2 {
+		t.Errorf("largest train: got %d datagrams, want several", maxSegs)
+	}
+	if d := c.Drops(); d != 0 {
+		t.Errorf("drops: got %d, want 0", d)
+	}
+	c.Close()
+	if _, _, _, err := c.ReadTrain(buf, time.Time{}); err != net.ErrClosed {
+		t.Errorf("ReadTrain after Close: got %v, want net.ErrClosed", err)
+	}
+}
+
+// TestUDPGROSplit sends a burst that GRO merges into trains and checks that
+// a gVisor socket still gets every datagram as sent.
+func TestUDPGROSplit(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	dst := netip.MustParseAddrPort("192.0.2.1:9")
+	u, err := rx.ListenUDP(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	const count, size = 200, 600
+	sent := udpBurst(t, peer, dst, count, size)
+	buf := make([]byte, 2048)
+	for i := range count {
+		u.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _, err := u.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], sent[i]) {
+			t.Fatalf("datagram %d: got %d bytes %x..., want %d bytes %x...", i, n, buf[:4], len(sent[i]), sent[i][:4])
+		}
+	}
+	var skbs uint64
+	rx.EachCounter(func(name string, v uint64) {
+		if name == "rx_gro_skbs" {
+			skbs = v
+		}
+	})
+	if skbs == 0 {
+		t.Errorf("rx_gro_skbs: got 0, want > 0 (the burst should have been merged)")
+	}
+}
