@@ -69,6 +69,14 @@ type rig struct {
 // came back, and removes the bed.
 func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 	t.Helper()
+	return newRigConfig(t, prefix, mtu, stack.Config{Driver: dc})
+}
+
+// newRigConfig is newRig with a whole stack configuration; its Wire, Addrs
+// and Driver.MTU and Driver.Pool are set here.
+func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
+	t.Helper()
+	dc := sc.Driver
 	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix, MTU: mtu})
 	if err != nil {
 		t.Fatal(err)
@@ -91,11 +99,10 @@ func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := stack.New(stack.Config{
-		Wire:   tap, // closed by New on error, by the stack's Close otherwise
-		Addrs:  []netip.Prefix{bed.StackAddr4, bed.StackAddr6},
-		Driver: dc,
-	})
+	sc.Wire = tap // closed by New on error, by the stack's Close otherwise
+	sc.Addrs = []netip.Prefix{bed.StackAddr4, bed.StackAddr6}
+	sc.Driver = dc
+	st, err := stack.New(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
