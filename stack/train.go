@@ -23,30 +23,23 @@ import (
 // UDP endpoint (which takes one datagram per packet); a TrainConn only
 // receives.
 //
-// The queue between the poll loop and the reader holds a fixed number of
-// trains; when it is full, trains are dropped and counted (Drops), as a
-// socket with a full receive buffer drops.
+// The receive queue holds the trains themselves, zero-copy: their payload
+// stays in the RX pages, and each queued train keeps its pages referenced
+// until ReadTrain copies it out (that is what keeps a page in the pool's
+// quarantine while a socket has not been read). The queue holds a fixed
+// number of trains; when it is full, trains are dropped and counted
+// (Drops), as a socket with a full receive buffer drops.
 type TrainConn struct {
 	s      *Stack
 	port   uint16
 	addr   netip.Addr // the local address bound, or unspecified
-	free   chan *train
-	ready  chan *train
+	ready  chan *bufpool.Packet
 	done   chan struct{}
 	closed sync.Once
 	drops  atomic.Uint64
 }
 
-type train struct {
-	b    []byte
-	seg  int
-	from netip.AddrPort
-}
-
-const (
-	trainQueue = 64
-	trainBytes = 65536
-)
+const trainQueue = 64
 
 // ListenUDPTrains binds a train socket to addr (an unspecified address
 // takes every address of the stack). The port must not be bound by another
@@ -61,12 +54,8 @@ func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 	}
 	c := &TrainConn{
 		s: s, port: addr.Port(), addr: addr.Addr().Unmap(),
-		free:  make(chan *train, trainQueue),
-		ready: make(chan *train, trainQueue),
+		ready: make(chan *bufpool.Packet, trainQueue),
 		done:  make(chan struct{}),
-	}
-	for range trainQueue {
-		c.free <- &train{b: make([]byte, trainBytes)}
 	}
 	if err := s.ep.trains.add(c); err != nil {
 		return nil, fmt.Errorf("listen udp trains %s: %w", addr, err)
@@ -86,11 +75,17 @@ func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, fro
 		timeout = t.C
 	}
 	select {
-	case t := <-c.ready:
-		n = copy(b, t.b)
-		segSize, from = t.seg, t.from
-		c.free <- t
-		return n, segSize, from, nil
+	case p := <-c.ready:
+		defer p.Release()
+		l3, l4, _ := udpHeaders(p) // checked when queued
+		hdrLen := l4 + header.UDPMinimumSize
+		total := p.TotalLen() - chainHeaders(p) - hdrLen
+		n = copyAfter(b[:min(len(b), total)], p, hdrLen)
+		segSize = int(p.GSOSize)
+		if p.Segs < 2 || segSize == 0 {
+			segSize = total
+		}
+		return n, segSize, udpSource(p.Linear, l3, l4), nil
 	case <-c.done:
 		return 0, 0, netip.AddrPort{}, net.ErrClosed
 	case <-timeout:
@@ -101,11 +96,20 @@ func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, fro
 // Drops returns the trains dropped because the queue was full.
 func (c *TrainConn) Drops() uint64 { return c.drops.Load() }
 
-// Close unbinds the port and wakes a blocked ReadTrain.
+// Close unbinds the port, wakes a blocked ReadTrain and releases the
+// trains still queued.
 func (c *TrainConn) Close() error {
 	c.closed.Do(func() {
 		c.s.ep.trains.remove(c)
 		close(c.done)
+		for {
+			select {
+			case p := <-c.ready:
+				p.Release()
+			default:
+				return
+			}
+		}
 	})
 	return nil
 }
@@ -168,36 +172,49 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	if c == nil {
 		return false
 	}
-	var src, dst netip.Addr
-	if l[l3]>>4 == 4 {
-		src = netip.AddrFrom4([4]byte(l[l3+12 : l3+16]))
-		dst = netip.AddrFrom4([4]byte(l[l3+16 : l3+20]))
-	} else {
-		src = netip.AddrFrom16([16]byte(l[l3+8 : l3+24]))
-		dst = netip.AddrFrom16([16]byte(l[l3+24 : l3+40]))
-	}
-	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != dst {
+	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != udpDest(l, l3) {
 		return false
 	}
-	defer p.Release()
-	var tr *train
 	select {
-	case tr = <-c.free:
+	case c.ready <- p:
 	default:
 		c.drops.Add(1)
-		return true
+		p.Release()
 	}
-	hdrLen := l4 + header.UDPMinimumSize
-	n := p.TotalLen() - chainHeaders(p) - hdrLen
-	tr.b = tr.b[:min(n, cap(tr.b))]
-	copyAfter(tr.b, p, hdrLen)
-	tr.seg = int(p.GSOSize)
-	if p.Segs < 2 || tr.seg == 0 {
-		tr.seg = n
+	// If Close ran meanwhile, its drain may have missed p: release what
+	// is left, nobody will read it. (Each packet leaves the channel once.)
+	select {
+	case <-c.done:
+		for {
+			select {
+			case q := <-c.ready:
+				q.Release()
+			default:
+				return true
+			}
+		}
+	default:
 	}
-	tr.from = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l[l4:]))
-	c.ready <- tr
 	return true
+}
+
+// udpDest returns the destination address of the IP header at l3.
+func udpDest(l []byte, l3 int) netip.Addr {
+	if l[l3]>>4 == 4 {
+		return netip.AddrFrom4([4]byte(l[l3+16 : l3+20]))
+	}
+	return netip.AddrFrom16([16]byte(l[l3+24 : l3+40]))
+}
+
+// udpSource returns the source address and port of a UDP packet.
+func udpSource(l []byte, l3, l4 int) netip.AddrPort {
+	var a netip.Addr
+	if l[l3]>>4 == 4 {
+		a = netip.AddrFrom4([4]byte(l[l3+12 : l3+16]))
+	} else {
+		a = netip.AddrFrom16([16]byte(l[l3+8 : l3+24]))
+	}
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(l[l4:]))
 }
 
 // udpHeaders returns the offsets of the IP and UDP headers of a UDP packet
@@ -225,8 +242,8 @@ func udpHeaders(p *bufpool.Packet) (l3, l4 int, ok bool) {
 }
 
 // copyAfter copies the packet's bytes after skip (and its chain's payload)
-// into b, as far as b reaches.
-func copyAfter(b []byte, p *bufpool.Packet, skip int) {
+// into b, as far as b reaches, and returns the count.
+func copyAfter(b []byte, p *bufpool.Packet, skip int) int {
 	n := 0
 	for q := p; q != nil && n < len(b); q = q.Next {
 		s := skip
@@ -249,4 +266,5 @@ func copyAfter(b []byte, p *bufpool.Packet, skip int) {
 			s = 0
 		}
 	}
+	return n
 }

@@ -121,3 +121,59 @@ func TestUDPGROSplit(t *testing.T) {
 		t.Errorf("rx_gro_skbs: got 0, want > 0 (the burst should have been merged)")
 	}
 }
+
+// TestUnreadTrainKeepsPages leaves trains unread in a train socket while a
+// bulk TCP flow cycles the RX ring many times over, then reads them: their
+// payload must be intact, because a page referenced by an unread socket
+// buffer is never reused (and poisoned pool pages would show any write).
+func TestUnreadTrainKeepsPages(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	dst := netip.MustParseAddrPort("192.0.2.1:9998")
+	c, err := rx.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const count, size = 32, 1200
+	sent := udpBurst(t, peer, dst, count, size)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(c.ready) == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	inUse := rx.Driver().Pool().InUse()
+
+	// 32 MiB of TCP through the same RX ring and pool.
+	l, err := rx.ListenTCP(netip.MustParseAddrPort("192.0.2.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan error, 1)
+	go func() { done <- ServeDiscard(l, nil) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tc, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sendAndHash(tc, 32<<20, 64<<10, 3); err != nil {
+		t.Fatal(err)
+	}
+	tc.Close()
+	if got := rx.Driver().Pool().InUse(); got < 1 || inUse < 1 {
+		t.Errorf("pages in use while trains are unread: got %d (before the flow %d), want > 0", got, inUse)
+	}
+
+	var got []byte
+	buf := make([]byte, 65536)
+	for len(got) < count*size {
+		n, _, _, err := c.ReadTrain(buf, time.Now().Add(5*time.Second))
+		if err != nil {
+			t.Fatalf("after %d of %d bytes: %v", len(got), count*size, err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if want := bytes.Join(sent, nil); !bytes.Equal(got, want) {
+		t.Errorf("unread trains were overwritten while queued")
+	}
+}
