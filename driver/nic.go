@@ -13,16 +13,20 @@ type nicState struct {
 	d         *Driver
 	rbuf      []byte
 	seg       Segmenter
-	maxFrame  int
-	pageBytes int
-	wqeBytes  int
+	maxFrame int
+	wqeBytes int // bytes a WQE spans (a striding MPWQE, or one frame's buffer)
+	oneFrame bool
 
-	// The WQE being filled: its pages (one reference each, the NIC's), the
-	// byte offset of the next free stride, and its counter.
-	pages  []*bufpool.Page
-	off    int
-	wqeSeq uint32
-	posted bool
+	// The WQE being filled: its pages (one reference each, the NIC's; their
+	// sizes may differ when the pool's allocation order changes) with the
+	// WQE offset each starts at, the byte offset of the next free stride,
+	// its size, and its counter.
+	pages     []*bufpool.Page
+	pageStart []int
+	size      int
+	off       int
+	wqeSeq    uint32
+	posted    bool
 
 	prod    uint32 // next CQE to write; published to d.prod in batches
 	pending int    // CQEs written since the last publish
@@ -39,13 +43,15 @@ func (n *nicState) init(d *Driver) {
 	n.rbuf = make([]byte, VirtioNetHdrLen+maxLROFrame)
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
-	n.pageBytes = d.pool.PageBytes()
 	n.wqeBytes = d.cfg.WQEBytes
-	if d.cfg.RQ == RQCyclic {
-		// One buffer per frame, sized for the largest frame.
-		n.wqeBytes = (n.maxFrame + n.pageBytes - 1) / n.pageBytes * n.pageBytes
+	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
+		// One buffer per frame, sized for the largest frame, starting on
+		// a fresh page.
+		n.wqeBytes = n.maxFrame
 	}
-	n.pages = make([]*bufpool.Page, 0, (n.wqeBytes+n.pageBytes-1)/n.pageBytes)
+	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
+	n.pages = make([]*bufpool.Page, 0, maxPages)
+	n.pageStart = make([]int, 0, maxPages)
 }
 
 func (d *Driver) nicLoop() {
@@ -240,7 +246,7 @@ func (n *nicState) dropped(d Drop) { n.d.stats.Dropped[d].Add(1) }
 func (n *nicState) place(a, b []byte) bool {
 	d := n.d
 	size := len(a) + len(b)
-	if n.posted && n.off+size > n.wqeBytes {
+	if n.posted && n.off+size > n.size {
 		n.retire() // the rest of the WQE is skipped, as mlx5's filler CQE does
 	}
 	if !n.posted && !n.post() {
@@ -268,7 +274,7 @@ func (n *nicState) place(a, b []byte) bool {
 	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
 	d.stats.Strides.Add(uint64(strides))
 	n.off += strides * d.cfg.StrideSize
-	if d.cfg.RQ == RQCyclic || n.off >= n.wqeBytes {
+	if n.oneFrame || n.off >= n.size {
 		n.retire()
 	}
 	return true
@@ -277,9 +283,15 @@ func (n *nicState) place(a, b []byte) bool {
 // dma copies src to byte offset off of the WQE and records the pages it
 // touched in cqe, taking a reference on each new one.
 func (n *nicState) dma(cqe *CQE, off int, src []byte) {
+	pi := len(n.pages) - 1
+	for pi > 0 && n.pageStart[pi] > off {
+		pi--
+	}
 	for len(src) > 0 {
-		pi, po := off/n.pageBytes, off%n.pageBytes
-		pg := n.pages[pi]
+		for off-n.pageStart[pi] >= len(n.pages[pi].Bytes()) {
+			pi++
+		}
+		pg, po := n.pages[pi], off-n.pageStart[pi]
 		c := copy(pg.Bytes()[po:], src)
 		if k := int(cqe.NFrags); k > 0 && cqe.Frags[k-1].Page == pg {
 			cqe.Frags[k-1].Len += uint32(c)
@@ -295,13 +307,16 @@ func (n *nicState) dma(cqe *CQE, off int, src []byte) {
 
 // post takes the pages of a new WQE from the pool.
 func (n *nicState) post() bool {
-	for len(n.pages)*n.pageBytes < n.wqeBytes {
+	n.size = 0
+	for n.size < n.wqeBytes {
 		pg, err := n.d.pool.Get()
 		if err != nil {
 			n.retire()
 			return false
 		}
 		n.pages = append(n.pages, pg)
+		n.pageStart = append(n.pageStart, n.size)
+		n.size += len(pg.Bytes())
 	}
 	n.off = 0
 	n.wqeSeq++
@@ -319,6 +334,7 @@ func (n *nicState) retire() {
 		n.pages[i] = nil
 	}
 	n.pages = n.pages[:0]
+	n.pageStart = n.pageStart[:0]
 	n.posted = false
 }
 

@@ -26,6 +26,7 @@ type linkEndpoint struct {
 	dispatcher stack.NetworkDispatcher // +checklocks:mu
 	onClose    func()                  // +checklocks:mu
 
+	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
 	trains trainTable  // UDP ports bound by TrainConns
 
@@ -65,6 +66,7 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 // packets chained by GRO's slow path) is copied once into a second view,
 // and the RX pages go back to the pool at once.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
+	e.pages.count(pkt)
 	if e.trains.deliver(pkt) {
 		return
 	}

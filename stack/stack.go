@@ -315,6 +315,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		if s.ep.gro != nil {
 			s.ep.gro.Stats().Each(fn)
 		}
+		s.ep.pages.each(fn)
 	}
 	st := s.ip.Stats()
 	fn("ip_packets_received", st.IP.PacketsReceived.Value())
