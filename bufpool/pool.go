@@ -2,17 +2,42 @@
 // writes frames into, and frags that reference parts of them.
 //
 // A Page carries a reference count. Whoever holds a Frag of a page holds one
-// reference; the page goes back to its Pool when the last one is dropped, and
-// is never handed out again while anything can still read it. Pages are
-// returned from any goroutine; Get is meant for one producer (the NIC model
-// of one RX queue), like a kernel page_pool bound to one queue.
+// reference; the NIC model holds one more while the page is in the WQE it
+// fills. Pages are recycled as mlx4 recycles order-0 pages since "mlx4:
+// Better use of order-0 pages in RX path" (seed 001), in the manner of the
+// kernel's page_pool:
+//
+//   - When the NIC model retires a page it calls Recycle instead of its final
+//     DecRef. The pool keeps that reference as its own (its bias) and puts
+//     the page at the tail of a FIFO quarantine ring: the half of the pages
+//     that the NIC cannot write to, still read by packets in flight.
+//   - Get looks at the oldest page of the ring. If only the pool's reference
+//     is left (every frag was released), the page is handed out again, the
+//     same *Page; otherwise Get does not wait and allocates a new page.
+//   - Pages are allocated at the highest order that fits the memory limit:
+//     Config.Order first, one order lower after each failure, and one order
+//     higher again every RecoverInterval (mlx4's rx_alloc_order and
+//     mlx4_en_recover_from_oom).
+//   - A page's memory is released, left to the GC, when its count reaches 0,
+//     which happens only to pages the pool no longer holds: dropped because
+//     the ring was full, waived after an order change, drained by Close,
+//     never recycled (NoRecycle, or a page retired with DecRef).
+//
+// Threading: Get, Recycle and Close belong to the pool's owner, one
+// goroutine at a time (the NIC model of one RX queue, as a page_pool is
+// bound to one NAPI context). They own the ring and take no lock. IncRef
+// and DecRef may be called from any goroutine by a holder of a reference:
+// they touch only the page's atomic state and, with Poison, the bytes of a
+// page whose last holder they are. Stats, InUse, Order and PageBytes may be
+// called from any goroutine.
 package bufpool
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Page sizes a pool can be built with: the base page of x86 and of the 64 KB
@@ -24,54 +49,195 @@ const (
 	MaxOrder = 4
 )
 
-// ErrExhausted is returned by Get when the pool may not allocate another page.
+// DefaultRingSize is the quarantine capacity when Config.RingSize is 0: the
+// other half of the pages of a 1024-entry RX ring (mlx4's default RX ring
+// size, MLX4_EN_DEF_RX_RING_SIZE), one page per entry.
+const DefaultRingSize = 512
+
+// RecoverInterval is how often Get raises a lowered allocation order by one
+// step: the 250 ms period of mlx4_en_recover_from_oom. It is counted from the
+// last change of the order, a fallback or a recovery, so that a failure is
+// not retried at once; Get reads the clock only while the order is lowered.
+const RecoverInterval = 250 * time.Millisecond
+
+// ErrExhausted is returned by Get when no page fits the pool's limits.
 var ErrExhausted = errors.New("bufpool: pool exhausted")
 
 // Config configures a Pool.
 type Config struct {
 	// PageSize is the base page size, PageSize4K (default) or PageSize64K.
 	PageSize int
-	// Order is the allocation order: a page is PageSize<<Order bytes.
+	// Order is the optimal (highest) allocation order: Get allocates pages
+	// of PageSize<<Order bytes while MaxBytes allows, smaller ones after a
+	// failure, and climbs back one order per RecoverInterval.
 	Order int
-	// MaxPages bounds the pages allocated at once (0: no bound).
+	// MaxPages bounds the pages held at once, of any size, handed out or in
+	// the ring (0: no bound). A smaller order does not help against it, so
+	// reaching it fails Get without lowering the order.
 	MaxPages int
-	// Poison fills a page with a pattern when it comes back and checks the
-	// pattern when it is handed out again, so that a write through a stale
-	// reference is caught (it panics: that is a broken invariant, not input).
+	// MaxBytes bounds the bytes of the pages held at once (0: no bound). An
+	// allocation that would exceed it fails, and Get retries one order
+	// lower, down to 0. It must hold at least one order-0 page.
+	MaxBytes int64
+	// RingSize is the quarantine capacity in pages (0: DefaultRingSize).
+	RingSize int
+	// NoRecycle turns recycling off: no quarantine ring, Recycle is DecRef
+	// and every Get allocates (the behaviour seed 001 fixes).
+	NoRecycle bool
+	// Now is the clock for the order recovery (nil: time.Now).
+	Now func() time.Time
+	// Poison fills a page with a pattern when its last holder gives it up to
+	// the pool, and checks the pattern when Get hands it out again, so that
+	// a write through a stale reference is caught (Get panics: that is a
+	// broken invariant, not input). For tests: it costs a pass over the page
+	// each way.
 	Poison bool
 }
 
-// Stats are a Pool's counters, named as the kernel's page_pool ones.
+// Stats are a Pool's counters, named after the kernel's page_pool ones
+// (`ethtool -S` rx_pp_*). Each yields them by name, in a fixed order. The
+// pool has one tier, the quarantine ring, where the kernel has two (a
+// lockless per-NAPI cache refilled from a ptr_ring), so some names shift
+// meaning a little:
+//
+//   - rx_pp_alloc_fast (AllocFast): pages Get took from the ring. Kernel:
+//     from the per-NAPI cache.
+//   - rx_pp_alloc_slow (AllocSlow): pages Get allocated. Kernel: the same,
+//     order-0 ones.
+//   - rx_pp_alloc_slow_high_order (AllocSlowHighOrder): those of order > 0.
+//     Kernel: the same.
+//   - rx_pp_alloc_empty (AllocEmpty): Gets that failed with ErrExhausted.
+//     Kernel: the ptr_ring was empty and forced a slow allocation; its
+//     failures are not counted.
+//   - rx_pp_alloc_refill (AllocRefill): Gets that found the oldest ring page
+//     still referenced and allocated instead. Kernel: refills of the cache
+//     from the ptr_ring.
+//   - rx_pp_alloc_waive (AllocWaive): ring pages dropped by Get because
+//     their size no longer matched the current order. Kernel: ptr_ring pages
+//     dropped for being on the wrong NUMA node.
+//   - rx_pp_recycle_cached (RecycleCached): pages Recycle put in the ring.
+//     Kernel: pages recycled into the cache (NAPI context).
+//   - rx_pp_recycle_cache_full (RecycleCacheFull): the same count as
+//     rx_pp_recycle_ring_full, there being no cache in front of the ring.
+//     Kernel: the cache was full and the page went to the ptr_ring.
+//   - rx_pp_recycle_ring (RecycleRing, and Recycled as before): pages handed
+//     out again from the ring, so always equal to rx_pp_alloc_fast. Kernel:
+//     pages recycled into the ptr_ring.
+//   - rx_pp_recycle_ring_full (RecycleRingFull): pages Recycle dropped
+//     because the ring was full. Kernel: the same for the ptr_ring.
+//   - rx_pp_recycle_released_ref (RecycleReleasedRef): pages released, left
+//     to the GC, when their count reached 0 outside the pool. Kernel: pages
+//     released because something else still held a reference.
+//   - rx_pp_order_fallbacks (OrderFallbacks): steps the allocation order was
+//     lowered after a failure. Not in the kernel (mlx4 keeps rx_alloc_order
+//     without counting).
+//   - rx_pp_order_recoveries (OrderRecoveries): steps it was raised back,
+//     one per RecoverInterval at most. Not in the kernel.
+//   - rx_pp_alloc_order (AllocOrder): the current allocation order (a
+//     gauge), mlx4's rx_alloc_order.
+//   - rx_pp_pages_in_use (InUse): pages held, handed out or in the ring,
+//     not yet released (a gauge). Not in the kernel.
+//   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
+//
+// Allocated equals InUse; it stays for callers that read it. PageBytes is the
+// size of the pages Get allocates at the current order.
 type Stats struct {
-	AllocFast  uint64 // rx_pp_alloc_fast: pages taken from the recycle list
-	AllocSlow  uint64 // rx_pp_alloc_slow: pages freshly allocated
-	AllocEmpty uint64 // rx_pp_alloc_empty: Get failed, pool exhausted
-	Recycled   uint64 // rx_pp_recycle_ring: pages returned to the recycle list
-	InUse      int64  // pages handed out and not yet returned
-	Allocated  int64  // pages allocated in all (in use or on the recycle list)
-	PageBytes  int    // bytes per page
+	AllocFast          uint64
+	AllocSlow          uint64
+	AllocSlowHighOrder uint64
+	AllocEmpty         uint64
+	AllocRefill        uint64
+	AllocWaive         uint64
+	RecycleCached      uint64
+	RecycleCacheFull   uint64
+	RecycleRing        uint64
+	RecycleRingFull    uint64
+	RecycleReleasedRef uint64
+	OrderFallbacks     uint64
+	OrderRecoveries    uint64
+	Recycled           uint64 // = RecycleRing
+	AllocOrder         int
+	InUse              int64
+	Allocated          int64 // = InUse
+	BytesHeld          int64
+	PageBytes          int
 }
 
-// Pool hands out pages of one size and takes them back when their last
-// reference is dropped.
+// Each calls fn for every counter, named as above, in the documented order.
+func (s Stats) Each(fn func(name string, v uint64)) {
+	fn("rx_pp_alloc_fast", s.AllocFast)
+	fn("rx_pp_alloc_slow", s.AllocSlow)
+	fn("rx_pp_alloc_slow_high_order", s.AllocSlowHighOrder)
+	fn("rx_pp_alloc_empty", s.AllocEmpty)
+	fn("rx_pp_alloc_refill", s.AllocRefill)
+	fn("rx_pp_alloc_waive", s.AllocWaive)
+	fn("rx_pp_recycle_cached", s.RecycleCached)
+	fn("rx_pp_recycle_cache_full", s.RecycleCacheFull)
+	fn("rx_pp_recycle_ring", s.RecycleRing)
+	fn("rx_pp_recycle_ring_full", s.RecycleRingFull)
+	fn("rx_pp_recycle_released_ref", s.RecycleReleasedRef)
+	fn("rx_pp_order_fallbacks", s.OrderFallbacks)
+	fn("rx_pp_order_recoveries", s.OrderRecoveries)
+	fn("rx_pp_alloc_order", uint64(s.AllocOrder))
+	fn("rx_pp_pages_in_use", uint64(s.InUse))
+	fn("rx_pp_bytes_held", uint64(s.BytesHeld))
+}
+
+// cacheLine separates fields written by different goroutines; 128 covers
+// arm64's lines and x86's adjacent-line prefetch.
+const cacheLine = 128
+
+// Pool hands out pages, recycles the ones its owner retires once their frags
+// are released, and lets the others go.
 type Pool struct {
-	size   int
-	max    int
-	poison bool
+	// Fixed by New.
+	base      int   // order-0 page size
+	maxOrder  int32 // Config.Order
+	maxPages  int64
+	maxBytes  int64
+	poison    bool
+	noRecycle bool
+	now       func() time.Time
 
-	mu   sync.Mutex
-	free []*Page // +checklocks:mu
+	// The owner's: Get, Recycle and Close only. ring is a FIFO of count
+	// pages from head, each holding one reference, the pool's.
+	ring        []*Page
+	head, count int
+	lastRecover time.Time // last order change (fallback or recovery)
 
-	allocFast, allocSlow, allocEmpty, recycled atomic.Uint64
-	inUse, allocated                           atomic.Int64
+	order atomic.Int32 // current allocation order; written by the owner
+
+	_ [cacheLine]byte
+	// Written by the owner only.
+	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
+	cached, ringFull, fallbacks, recoveries    atomic.Uint64
+
+	_ [cacheLine]byte
+	// Written by whoever releases a page, and by the owner's allocations.
+	released         atomic.Uint64
+	inUse, bytesHeld atomic.Int64
 }
 
 // Page is one page of packet memory with a reference count.
 type Page struct {
-	buf  []byte
-	refs atomic.Int32
-	pool *Pool
+	// state is the reference count (refMask) and whether the page is in
+	// its pool's ring (ringBit), in one word so that a DecRef racing with
+	// Recycle sees both at once. A page in the ring counts the pool's
+	// reference.
+	state atomic.Int32
+	// poisoned is set by whoever fills the page with the poison pattern,
+	// before it drops its reference, and cleared by Get when it hands the
+	// page out: Get checks only pages that were filled.
+	poisoned bool
+	poison   bool // the pool's Config.Poison, here to spare DecRef a load
+	buf      []byte
+	pool     *Pool
 }
+
+const (
+	ringBit = 1 << 30
+	refMask = ringBit - 1
+)
 
 // Frag is a reference to Len bytes at Off in Page. Holding a Frag means
 // holding one reference on its page.
@@ -97,105 +263,308 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.MaxPages < 0 {
 		return nil, fmt.Errorf("bufpool: max pages %d < 0", cfg.MaxPages)
 	}
-	return &Pool{size: cfg.PageSize << cfg.Order, max: cfg.MaxPages, poison: cfg.Poison}, nil
+	if cfg.MaxBytes < 0 || cfg.MaxBytes > 0 && cfg.MaxBytes < int64(cfg.PageSize) {
+		return nil, fmt.Errorf("bufpool: max bytes %d: want 0 or at least one page (%d)", cfg.MaxBytes, cfg.PageSize)
+	}
+	if cfg.RingSize < 0 {
+		return nil, fmt.Errorf("bufpool: ring size %d < 0", cfg.RingSize)
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = DefaultRingSize
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	p := &Pool{
+		base:      cfg.PageSize,
+		maxOrder:  int32(cfg.Order),
+		maxPages:  int64(cfg.MaxPages),
+		maxBytes:  cfg.MaxBytes,
+		poison:    cfg.Poison,
+		noRecycle: cfg.NoRecycle,
+		now:       cfg.Now,
+	}
+	if !cfg.NoRecycle {
+		p.ring = make([]*Page, cfg.RingSize)
+	}
+	p.order.Store(int32(cfg.Order))
+	return p, nil
 }
 
-// PageBytes returns the size of the pool's pages.
-func (p *Pool) PageBytes() int { return p.size }
+// PageBytes returns the size of the pages Get allocates at the current
+// order. Pages allocated before an order change keep their size: use
+// len(Page.Bytes()).
+func (p *Pool) PageBytes() int { return p.base << p.order.Load() }
 
-// Get returns a page holding one reference, owned by the caller, or
-// ErrExhausted. Its contents are undefined.
+// Order returns the current allocation order.
+func (p *Pool) Order() int { return int(p.order.Load()) }
+
+// Get returns a page holding one reference, the caller's, or ErrExhausted.
+// Its contents are undefined. The page is the oldest of the ring if every
+// other reference to it was dropped, else a new one. Only the pool's owner
+// may call Get. It does not allocate when it reuses a page.
 func (p *Pool) Get() (*Page, error) {
-	p.mu.Lock()
-	if n := len(p.free); n > 0 {
-		pg := p.free[n-1]
-		p.free[n-1] = nil
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
-		p.allocFast.Add(1)
-		if p.poison {
-			pg.checkPoison()
+	order := p.order.Load()
+	if order < p.maxOrder {
+		order = p.raiseOrder(order)
+	}
+	size := p.base << order
+	for p.count > 0 {
+		pg := p.ring[p.head]
+		if len(pg.buf) != size {
+			p.pop()
+			pg.state.And(^ringBit)
+			p.waive.Add(1)
+			pg.DecRef() // the pool's reference
+			continue
 		}
-		pg.refs.Store(1)
-		p.inUse.Add(1)
+		if pg.state.Load() != ringBit|1 {
+			// Frags of the oldest page are still out: don't wait for them.
+			p.refill.Add(1)
+			break
+		}
+		if pg.poisoned {
+			pg.checkPoison() // before pop: a corrupt page stays for Close
+			pg.poisoned = false
+		}
+		p.pop()
+		pg.state.Store(1) // the pool's reference becomes the caller's
+		p.fast.Add(1)
 		return pg, nil
 	}
-	if p.max > 0 && p.allocated.Load() >= int64(p.max) {
-		p.mu.Unlock()
-		p.allocEmpty.Add(1)
+	return p.alloc(order)
+}
+
+// raiseOrder raises the allocation order by one if RecoverInterval has
+// passed since it last changed, and returns it.
+func (p *Pool) raiseOrder(order int32) int32 {
+	now := p.now()
+	if now.Sub(p.lastRecover) < RecoverInterval {
+		return order
+	}
+	p.lastRecover = now
+	order++
+	p.order.Store(order)
+	p.recoveries.Add(1)
+	return order
+}
+
+// alloc allocates a page at order, or at the highest lower order that fits
+// MaxBytes, and remembers that order.
+func (p *Pool) alloc(order int32) (*Page, error) {
+	if p.maxPages > 0 && p.inUse.Load() >= p.maxPages {
+		p.empty.Add(1)
 		return nil, ErrExhausted
 	}
-	p.allocated.Add(1)
-	p.mu.Unlock()
-	p.allocSlow.Add(1)
-	pg := &Page{buf: make([]byte, p.size), pool: p}
-	pg.refs.Store(1)
+	if p.maxBytes > 0 {
+		// Only the owner allocates, and releases only make room, so the
+		// limit read here cannot be overrun.
+		held := p.bytesHeld.Load()
+		fell := false
+		for held+int64(p.base<<order) > p.maxBytes {
+			if order == 0 {
+				if fell {
+					p.lastRecover = p.now()
+				}
+				p.empty.Add(1)
+				return nil, ErrExhausted
+			}
+			order--
+			p.order.Store(order)
+			p.fallbacks.Add(1)
+			fell = true
+		}
+		if fell {
+			p.lastRecover = p.now()
+		}
+	}
+	size := p.base << order
+	pg := &Page{buf: make([]byte, size), pool: p, poison: p.poison}
+	pg.state.Store(1)
 	p.inUse.Add(1)
+	p.bytesHeld.Add(int64(size))
+	p.slow.Add(1)
+	if order > 0 {
+		p.slowHigh.Add(1)
+	}
 	return pg, nil
 }
+
+// Recycle takes the caller's reference on pg, which must be its last use of
+// the page: the owner retiring a page calls it instead of DecRef. The pool
+// keeps the reference and quarantines the page until its other references
+// are dropped and Get hands it out again; if the ring is full the reference
+// is dropped. With NoRecycle, Recycle is DecRef. Only the pool's owner may
+// call Recycle. It does not allocate.
+func (p *Pool) Recycle(pg *Page) {
+	if pg.pool != p {
+		panic("bufpool: Recycle of another pool's page")
+	}
+	if p.noRecycle {
+		pg.DecRef()
+		return
+	}
+	if p.count == len(p.ring) {
+		p.ringFull.Add(1)
+		pg.DecRef()
+		return
+	}
+	old := pg.state.Or(ringBit)
+	switch {
+	case old&ringBit != 0:
+		panic("bufpool: Recycle of a page already in the ring")
+	case old&refMask == 0:
+		panic("bufpool: Recycle of a free page")
+	case old == 1 && p.poison:
+		// The retiring owner was the last holder: no one else can touch it.
+		pg.fillPoison()
+	}
+	i := p.head + p.count
+	if i >= len(p.ring) {
+		i -= len(p.ring)
+	}
+	p.ring[i] = pg
+	p.count++
+	p.cached.Add(1)
+}
+
+// pop removes the oldest page from the ring.
+func (p *Pool) pop() {
+	p.ring[p.head] = nil
+	p.head++
+	if p.head == len(p.ring) {
+		p.head = 0
+	}
+	p.count--
+}
+
+// Close drops the pool's references on the pages in its ring: each is
+// released now, or when the last frag of it is. Packets still out stay
+// valid. Only the pool's owner may call Close, once it stopped recycling
+// (the pool stays usable, but a page recycled later is held again).
+func (p *Pool) Close() {
+	for p.count > 0 {
+		pg := p.ring[p.head]
+		p.pop()
+		pg.state.And(^ringBit)
+		pg.DecRef()
+	}
+}
+
+// Stats returns a snapshot of the pool's counters, from any goroutine. The
+// counters are read one by one, so a snapshot taken while the pool is busy
+// may be a little inconsistent (BytesHeld from one instant, InUse from the
+// next).
+func (p *Pool) Stats() Stats {
+	fast := p.fast.Load()
+	ringFull := p.ringFull.Load()
+	inUse := p.inUse.Load()
+	order := int(p.order.Load())
+	return Stats{
+		AllocFast:          fast,
+		AllocSlow:          p.slow.Load(),
+		AllocSlowHighOrder: p.slowHigh.Load(),
+		AllocEmpty:         p.empty.Load(),
+		AllocRefill:        p.refill.Load(),
+		AllocWaive:         p.waive.Load(),
+		RecycleCached:      p.cached.Load(),
+		RecycleCacheFull:   ringFull,
+		RecycleRing:        fast,
+		RecycleRingFull:    ringFull,
+		RecycleReleasedRef: p.released.Load(),
+		OrderFallbacks:     p.fallbacks.Load(),
+		OrderRecoveries:    p.recoveries.Load(),
+		Recycled:           fast,
+		AllocOrder:         order,
+		InUse:              inUse,
+		Allocated:          inUse,
+		BytesHeld:          p.bytesHeld.Load(),
+		PageBytes:          p.base << order,
+	}
+}
+
+// InUse returns the number of pages held, handed out or in the ring, not
+// yet released; from any goroutine.
+func (p *Pool) InUse() int { return int(p.inUse.Load()) }
 
 // Bytes returns the page's memory.
 func (pg *Page) Bytes() []byte { return pg.buf }
 
-// Refs returns the current reference count (for tests and counters).
-func (pg *Page) Refs() int32 { return pg.refs.Load() }
+// Refs returns the current reference count, the pool's included while the
+// page is in its ring (for tests and counters).
+func (pg *Page) Refs() int32 { return pg.state.Load() & refMask }
 
-// IncRef takes one more reference on the page.
+// IncRef takes one more reference on the page. The caller must hold one.
 func (pg *Page) IncRef() {
-	if pg.refs.Add(1) <= 1 {
+	// A page in the ring with the pool's reference only has no other holder
+	// that could take one.
+	if s := pg.state.Add(1); s&refMask <= 1 || s == ringBit|2 {
 		panic("bufpool: IncRef on a free page")
 	}
 }
 
-// DecRef drops one reference; the last one returns the page to its pool.
-// The caller must not touch the page afterwards.
+// DecRef drops one of the caller's references, from any goroutine. The
+// caller must not touch the page through it afterwards. The last reference
+// releases the page; a page in the ring keeps the pool's.
 func (pg *Page) DecRef() {
-	switch r := pg.refs.Add(-1); {
-	case r > 0:
-		return
-	case r < 0:
+	var s int32
+	if pg.poison {
+		s = pg.decRefPoison()
+	} else {
+		s = pg.state.Add(-1)
+	}
+	switch {
+	case s < 0:
 		panic("bufpool: DecRef on a free page")
+	case s&refMask != 0:
+		return
+	case s&ringBit != 0:
+		panic("bufpool: DecRef dropped the pool's reference on a page in its ring")
 	}
 	p := pg.pool
-	if p.poison {
-		pg.fillPoison()
-	}
+	p.released.Add(1)
 	p.inUse.Add(-1)
-	p.recycled.Add(1)
-	p.mu.Lock()
-	p.free = append(p.free, pg)
-	p.mu.Unlock()
+	p.bytesHeld.Add(-int64(len(pg.buf)))
 }
 
-// Stats returns a snapshot of the pool's counters.
-func (p *Pool) Stats() Stats {
-	return Stats{
-		AllocFast:  p.allocFast.Load(),
-		AllocSlow:  p.allocSlow.Load(),
-		AllocEmpty: p.allocEmpty.Load(),
-		Recycled:   p.recycled.Load(),
-		InUse:      p.inUse.Load(),
-		Allocated:  p.allocated.Load(),
-		PageBytes:  p.size,
+// decRefPoison is DecRef's decrement in poison mode: the last holder of a
+// page in the ring (the pool's reference and the caller's are all that is
+// left) fills it before letting go. A compare-and-swap rather than an add,
+// so that of two holders dropping at once the one that ends up last fills.
+func (pg *Page) decRefPoison() int32 {
+	for {
+		s := pg.state.Load()
+		if s == ringBit|2 && !pg.poisoned {
+			pg.fillPoison()
+		}
+		if pg.state.CompareAndSwap(s, s-1) {
+			return s - 1
+		}
 	}
 }
 
-// InUse returns the number of pages handed out and not yet returned.
-func (p *Pool) InUse() int { return int(p.inUse.Load()) }
-
-// poisonByte is the pattern a recycled page holds while it is free.
+// poisonByte is the pattern a page holds while it waits in the ring.
 const poisonByte = 0x6b // the kernel's POISON_FREE
 
+var poisonChunk = bytes.Repeat([]byte{poisonByte}, 4096)
+
 func (pg *Page) fillPoison() {
-	for i := range pg.buf {
-		pg.buf[i] = poisonByte
+	for off := 0; off < len(pg.buf); {
+		off += copy(pg.buf[off:], poisonChunk)
 	}
+	pg.poisoned = true
 }
 
 func (pg *Page) checkPoison() {
-	for i, b := range pg.buf {
-		if b != poisonByte {
-			panic(fmt.Sprintf("bufpool: free page written at offset %d: %#x", i, b))
+	for off := 0; off < len(pg.buf); off += len(poisonChunk) {
+		b := pg.buf[off:min(off+len(poisonChunk), len(pg.buf))]
+		if bytes.Equal(b, poisonChunk[:len(b)]) {
+			continue
+		}
+		for i, c := range b {
+			if c != poisonByte {
+				panic(fmt.Sprintf("bufpool: page written while free, at offset %d: %#x, want %#x", off+i, c, poisonByte))
+			}
 		}
 	}
 }

@@ -111,12 +111,16 @@ func (d *Driver) Close() error {
 		if !started {
 			d.startOnce.Do(func() {}) // never start after Close
 			d.nic.retire()
+			d.pool.Close()
 			return
 		}
 		<-d.nicDone
 		close(d.stop)
 		<-d.pollDone
 		d.nic.retire()
+		// Drop the pool's hold on the pages in its quarantine; pages of
+		// packets still held elsewhere go when those are released.
+		d.pool.Close()
 		if d.nicErr != nil && !errors.Is(d.nicErr, os.ErrClosed) {
 			err = errors.Join(err, d.nicErr)
 		}

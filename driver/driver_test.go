@@ -56,7 +56,7 @@ func newTestDriver(t testing.TB, cfg Config, h Handler) (*Driver, *MemWire) {
 	t.Helper()
 	a, b := NewMemPair(1024, VirtioNetHdrLen+maxLROFrame)
 	_, bench := t.(*testing.B)
-	pool, err := bufpool.New(bufpool.Config{Poison: !bench})
+	pool, err := bufpool.New(bufpool.Config{Poison: !bench, RingSize: 1 << 16})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -325,12 +325,12 @@ func (n *nicState) post() bool {
 	return true
 }
 
-// retire drops the NIC's references on the current WQE's pages: pages no
-// frame landed in go straight back to the pool, the others when the last
-// packet using them is released.
+// retire hands the current WQE's pages back to the pool: they wait in its
+// quarantine ring until the last packet using them is released (mlx4's
+// recycling, seed 001).
 func (n *nicState) retire() {
 	for i, pg := range n.pages {
-		pg.DecRef()
+		n.d.pool.Recycle(pg)
 		n.pages[i] = nil
 	}
 	n.pages = n.pages[:0]

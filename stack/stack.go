@@ -103,7 +103,11 @@ func New(cfg Config) (s *Stack, err error) {
 		dc.WireTap = cfg.PcapWire
 	}
 	if dc.Pool == nil {
-		if dc.Pool, err = bufpool.New(cfg.Pool); err != nil {
+		pc := cfg.Pool
+		if pc.RingSize == 0 {
+			pc.RingSize = ringPages(&dc, &pc)
+		}
+		if dc.Pool, err = bufpool.New(pc); err != nil {
 			return nil, err
 		}
 	}
@@ -186,6 +190,34 @@ func newGVisor(ep gstack.LinkEndpoint, cfg *Config) (*gstack.Stack, error) {
 	}
 	ip.SetRouteTable(routes)
 	return ip, nil
+}
+
+// ringPages sizes the pool's quarantine ring for every page the RX ring can
+// have in flight: each completion entry's frame may span a page more than
+// its length needs, and one WQE is being filled. Pages come back to the ring
+// only when nothing references them, so a ring smaller than that would drop
+// pages still in use and allocate new ones.
+func ringPages(dc *driver.Config, pc *bufpool.Config) int {
+	page := pc.PageSize
+	if page == 0 {
+		page = bufpool.PageSize4K
+	}
+	frame := dc.MTU + 18
+	if dc.MTU == 0 {
+		frame = driver.DefaultMTU + 18
+	}
+	if dc.LRO {
+		frame = 65535 + 18
+	}
+	entries := dc.RingSize
+	if entries == 0 {
+		entries = driver.DefaultRingSize
+	}
+	wqe := dc.WQEBytes
+	if wqe == 0 {
+		wqe = driver.DefaultWQEBytes
+	}
+	return entries*(frame/page+2) + wqe/page + 1
 }
 
 // multicastMACs returns the Ethernet groups the stack listens to: IPv4
@@ -304,14 +336,7 @@ func (s *Stack) Counters() []Counter {
 func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	if s.drv != nil {
 		s.drv.Stats().Each(fn)
-		ps := s.drv.Pool().Stats()
-		fn("rx_pp_alloc_fast", ps.AllocFast)
-		fn("rx_pp_alloc_slow", ps.AllocSlow)
-		fn("rx_pp_alloc_empty", ps.AllocEmpty)
-		fn("rx_pp_recycle_ring", ps.Recycled)
-		fn("rx_pp_pages_in_use", uint64(ps.InUse))
-		fn("rx_pp_pages_allocated", uint64(ps.Allocated))
-		fn("rx_pp_bytes_held", uint64(ps.Allocated)*uint64(ps.PageBytes))
+		s.drv.Pool().Stats().Each(fn)
 		if s.ep.gro != nil {
 			s.ep.gro.Stats().Each(fn)
 		}

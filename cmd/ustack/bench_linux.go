@@ -44,6 +44,7 @@ func benchCmd(args []string) error {
 		wsize  = fs.Int("w", 64<<10, "sender write size")
 		mtu    = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
 		stock  = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
+		pool   = fs.Bool("pool", false, "measure page recycling (seed 001): recycle off/on at 4k/64k pages, LRO off")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -56,6 +57,10 @@ func benchCmd(args []string) error {
 		return benchMem(*dur, *rounds, *mtu)
 	}
 	rows := defaultRows(*mtu)
+	if *pool {
+		rows = poolRows(*mtu)
+		*stock = false
+	}
 	if *stock {
 		rows = append(rows, benchRow{name: "gVisor stock fdbased", stock: true, pol: policy{mtu: *mtu}})
 	}
@@ -82,6 +87,10 @@ func benchCmd(args []string) error {
 			}
 			results[i] = append(results[i], s)
 		}
+	}
+	if *pool {
+		printPoolBench(os.Stdout, rows, results)
+		return nil
 	}
 	printBench(os.Stdout, rows, results)
 	return nil
@@ -298,6 +307,28 @@ func printBench(w io.Writer, rows []benchRow, results [][]sample) {
 		}
 		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.name, g, lo, hi, ratio, rx, sys, nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, last.congestion)
+	}
+	tw.Flush()
+}
+
+// printPoolBench prints seed 001's figures: distinct pages per GRO packet
+// and pool memory per RX ring slot, with throughput.
+func printPoolBench(w io.Writer, rows []benchRow, results [][]sample) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpool bytes/ring slot\tpool MB held\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t")
+	for i, r := range rows {
+		ss := results[i]
+		g, lo, hi := median(field(ss, func(s sample) float64 { return s.gbps }))
+		rx, _, _ := median(field(ss, func(s sample) float64 { return s.rxCPUPerGB }))
+		held, _, _ := median(field(ss, func(s sample) float64 { return float64(s.counters["rx_pp_bytes_held"]) }))
+		c := ss[len(ss)-1].counters
+		var hist []string
+		for _, b := range []string{"1", "2", "3_4", "5_8", "9_16", "17_32", "33_64", "65_plus"} {
+			hist = append(hist, strconv.FormatUint(c["rx_pkt_pages_"+b], 10))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%s\t%.0f\t%.1f\t%s\t%s\t\n",
+			r.name, g, lo, hi, rx, ratioStr(c["rx_gro_pkt_pages"], c["rx_gro_pkt_paged"]),
+			held/float64(driver.DefaultRingSize), held/1e6, strings.Join(hist, "|"), ss[len(ss)-1].congestion)
 	}
 	tw.Flush()
 }

@@ -114,7 +114,8 @@ type benchRow struct {
 func defaultRows(mtu int) []benchRow {
 	var rows []benchRow
 	add := func(lro, hds, gro string) {
-		p := policy{mtu: mtu, rq: "striding", lro: lro, hds: hds, gro: gro, budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k"}
+		p := basePolicy(mtu)
+		p.lro, p.hds, p.gro = lro, hds, gro
 		rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
 	}
 	add("on", "auto", "on")
@@ -123,4 +124,23 @@ func defaultRows(mtu int) []benchRow {
 	add("off", "256", "on")
 	add("off", "auto", "off")
 	return rows
+}
+
+// poolRows are `ustack bench -pool`: seed 001's comparison, page recycling
+// off and on at 4 KB and 64 KB pages, LRO off and GRO on.
+func poolRows(mtu int) []benchRow {
+	var rows []benchRow
+	for _, size := range []string{"4k", "64k"} {
+		for _, recycle := range []string{"off", "on"} {
+			p := basePolicy(mtu)
+			p.lro, p.pageSize, p.recycle = "off", size, recycle
+			rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
+		}
+	}
+	return rows
+}
+
+// basePolicy is the default of every switch.
+func basePolicy(mtu int) policy {
+	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on"}
 }

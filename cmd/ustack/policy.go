@@ -27,6 +27,10 @@ type policy struct {
 	pageSize string
 	nicCPU   string
 	pollCPU  string
+	recycle  string
+	poison   bool
+	poolMem  int64
+	poolRing int
 }
 
 func (p *policy) register(fs *flag.FlagSet) {
@@ -40,6 +44,10 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
 	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
 	fs.StringVar(&p.pageSize, "page-size", "4k", "base page size: 4k|64k")
+	fs.StringVar(&p.recycle, "pool-recycle", "on", "recycle RX pages through the pool's quarantine ring (mlx4, seed 001): on|off (off: a fresh page for every frame)")
+	fs.BoolVar(&p.poison, "pool-poison", false, "poison recycled pages and check them when reused (debug)")
+	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
+	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
 	fs.StringVar(&p.nicCPU, "nic-cpu", "", "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)")
 	fs.StringVar(&p.pollCPU, "poll-cpu", "", "pin the poll loop's thread to this CPU list")
 }
@@ -78,6 +86,18 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	default:
 		return c, fmt.Errorf("page-size %q: want 4k or 64k", p.pageSize)
 	}
+	recycle, err := driver.ParseOnOff("pool-recycle", p.recycle)
+	if err != nil {
+		return c, err
+	}
+	c.Pool.NoRecycle = !recycle
+	c.Driver.PagePerFrame = !recycle
+	c.Pool.Poison = p.poison
+	if p.poolMem < 0 || p.poolRing < 0 {
+		return c, fmt.Errorf("pool-mem and pool-ring: want >= 0")
+	}
+	c.Pool.MaxBytes = p.poolMem
+	c.Pool.RingSize = p.poolRing
 	if c.Driver.NICCPUs, err = parseCPUs(p.nicCPU); err != nil {
 		return c, fmt.Errorf("nic-cpu: %w", err)
 	}
@@ -89,7 +109,11 @@ func (p *policy) stackConfig() (stack.Config, error) {
 
 // String describes the policy in flag form.
 func (p *policy) String() string {
-	return fmt.Sprintf("lro=%s hds=%s gro=%s rq=%s mtu=%d", p.lro, p.hds, p.gro, p.rq, p.mtu)
+	s := fmt.Sprintf("lro=%s hds=%s gro=%s rq=%s mtu=%d", p.lro, p.hds, p.gro, p.rq, p.mtu)
+	if p.recycle == "off" || p.pageSize == "64k" || p.order != 0 {
+		s += fmt.Sprintf(" recycle=%s page=%s order=%d", p.recycle, p.pageSize, p.order)
+	}
+	return s
 }
 
 func parseCPUs(s string) ([]int, error) {
