@@ -1,4 +1,54 @@
-// Package cpumap will hold XDP-style verdicts and cpumap redirection of
-// frames, in bulks of 8, to per-CPU workers that each run their own GRO
-// instance (seed 004). It is empty until that work lands.
+// Package cpumap holds ustack's XDP-style verdicts and its cpumap: frames a
+// Program redirects to another CPU are moved, in bulks, through a ring to a
+// worker goroutine pinned to that CPU, which hands them to its own Receiver
+// (in ustack a standalone GRO engine), as the kernel's BPF_MAP_TYPE_CPUMAP
+// does with its kthreads (kernel/bpf/cpumap.c; seed 004 gives each kthread
+// its own GRO instance).
+//
+// # Programs
+//
+// A Program runs on the poll loop for each frame and returns an Action:
+// Pass, Drop, TX or Redirect with an entry index. The built-in programs
+// (ParseProgram) pass or drop everything, send everything to one entry,
+// spread flows over the entries with an RSS-like Toeplitz hash, or drop one
+// destination port. They read only Packet.Linear, never allocate, and treat
+// any bytes as input, never panicking.
+//
+// # Data path
+//
+//	poll loop (one per RX queue)           worker i (pinned to CPUs[i])
+//	  Program.Run -> Redirect(i)
+//	  Producer.Enqueue(i, p) -> bulk queue of entry i (BulkSize, 8)
+//	    full: flushed into ring i            ring i (QueueSize, MPSC)
+//	  Producer.Flush at batch end ------->     takes up to Batch frames
+//	    (drops what does not fit)              Receiver.Receive each
+//	                                           Receiver.EndBatch when the
+//	                                           ring ran empty, or every 64
+//
+// A Producer belongs to one poll loop, as the kernel's per-CPU
+// xdp_bulk_queue belongs to one CPU: it keeps one bulk queue per entry and
+// takes a ring's lock once per bulk, never per frame. A producer never
+// blocks: frames that do not fit in a full ring are released and counted
+// (cpumap_dropped). A worker sleeps when its ring is empty and is woken by
+// the flush that makes it non-empty, once per bulk.
+//
+// # Threading and ownership
+//
+// Producer methods are called from the producer's goroutine; several
+// producers may feed one ring. Receiver methods are called only from the
+// entry's worker goroutine. Map.Stats may be read from any goroutine, and
+// Map.Close may be called from any goroutine, once.
+//
+// Enqueue takes ownership of the packet. From then on the map owns it until
+// the entry's worker hands it to Receiver.Receive, which takes ownership; or
+// until the map releases it (ring full, invalid entry, Close). Every frame
+// given to Enqueue ends up in exactly one of those two places.
+//
+// # Ordering
+//
+// Frames one producer enqueues to one entry reach that entry's Receiver in
+// the order they were enqueued (or are dropped). Frames of different
+// producers, or to different entries, have no order between them; the
+// built-in hash keeps each flow on one entry so a flow is not reordered
+// unless two producers carry it.
 package cpumap

@@ -10,9 +10,9 @@ import (
 // nicState is the NIC model's private state: the wire read buffer, the WQE
 // it is filling, and the CQEs written but not yet published.
 type nicState struct {
-	d         *Driver
-	rbuf      []byte
-	seg       Segmenter
+	d        *Driver
+	rbuf     []byte
+	seg      Segmenter
 	maxFrame int
 	wqeBytes int // bytes a WQE spans (a striding MPWQE, or one frame's buffer)
 	oneFrame bool
