@@ -33,6 +33,7 @@ type sample struct {
 	nicShare    float64 // share of the receiver's CPU spent in the NIC model's thread
 	counters    map[string]uint64
 	congestion  string
+	peakHeld    int64 // most bytes the page pool held at once during the run
 }
 
 func benchCmd(args []string) error {
@@ -127,7 +128,10 @@ func benchRun(bed *testbed.TAPBed, exe string, row benchRow, dur time.Duration, 
 	if d := st.Driver(); d != nil {
 		nic0 = d.Stats().NICCPUNanos.Load()
 	}
-	if err := cmd.Run(); err != nil {
+	stopSampling := samplePool(st, &s.peakHeld)
+	err = cmd.Run()
+	stopSampling()
+	if err != nil {
 		return s, fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
 	}
 	var res sendResult
@@ -158,6 +162,31 @@ func benchRun(bed *testbed.TAPBed, exe string, row benchRow, dur time.Duration, 
 		}
 	}
 	return s, nil
+}
+
+// samplePool records in peak the most bytes st's page pool holds, sampled
+// every 10 ms until the returned function is called.
+func samplePool(st *benchTarget, peak *int64) (stop func()) {
+	d := st.Driver()
+	if d == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			*peak = max(*peak, d.Pool().Stats().BytesHeld)
+			select {
+			case <-t.C:
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 // benchStack opens the bed's TAP from inside its namespace and builds the
@@ -315,12 +344,12 @@ func printBench(w io.Writer, rows []benchRow, results [][]sample) {
 // and pool memory per RX ring slot, with throughput.
 func printPoolBench(w io.Writer, rows []benchRow, results [][]sample) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpool bytes/ring slot\tpool MB held\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t")
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t")
 	for i, r := range rows {
 		ss := results[i]
 		g, lo, hi := median(field(ss, func(s sample) float64 { return s.gbps }))
 		rx, _, _ := median(field(ss, func(s sample) float64 { return s.rxCPUPerGB }))
-		held, _, _ := median(field(ss, func(s sample) float64 { return float64(s.counters["rx_pp_bytes_held"]) }))
+		held, _, _ := median(field(ss, func(s sample) float64 { return float64(s.peakHeld) }))
 		c := ss[len(ss)-1].counters
 		var hist []string
 		for _, b := range []string{"1", "2", "3_4", "5_8", "9_16", "17_32", "33_64", "65_plus"} {
