@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
 )
 
@@ -175,5 +176,59 @@ func TestUnreadTrainKeepsPages(t *testing.T) {
 	}
 	if want := bytes.Join(sent, nil); !bytes.Equal(got, want) {
 		t.Errorf("unread trains were overwritten while queued")
+	}
+}
+
+// TestReadingReleasesPages checks the other half of the quarantine rule: a
+// queued train holds references on its pages, and reading it drops them.
+func TestReadingReleasesPages(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	dst := netip.MustParseAddrPort("192.0.2.1:9997")
+	c, err := rx.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	udpBurst(t, peer, dst, 8, 1000)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(c.ready) == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	// Look at the queued trains' pages without reading them.
+	var queued []*bufpool.Packet
+	for len(c.ready) > 0 {
+		queued = append(queued, <-c.ready)
+	}
+	refs := map[*bufpool.Page]int32{}
+	for _, p := range queued {
+		for _, f := range p.Frags {
+			refs[f.Page]++
+		}
+	}
+	if len(refs) == 0 {
+		t.Fatal("queued trains hold no page frags")
+	}
+	for pg, n := range refs {
+		if got := pg.Refs(); got < n {
+			t.Errorf("page refs while queued: got %d, want >= %d (one per frag)", got, n)
+		}
+	}
+	before := map[*bufpool.Page]int32{}
+	for pg := range refs {
+		before[pg] = pg.Refs()
+	}
+	for _, p := range queued {
+		c.ready <- p
+	}
+	buf := make([]byte, 65536)
+	for range queued {
+		if _, _, _, err := c.ReadTrain(buf, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for pg, n := range refs {
+		if got, was := pg.Refs(), before[pg]; got != was-n {
+			t.Errorf("page refs after reading: got %#x, want %#x (the %d frags of the trains dropped)", got, was-n, n)
+		}
 	}
 }
