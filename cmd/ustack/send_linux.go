@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -15,9 +16,11 @@ import (
 
 // sendResult is what `ustack send` prints as JSON on its last line.
 type sendResult struct {
-	Bytes      int64   `json:"bytes"`
-	Seconds    float64 `json:"seconds"`
-	Congestion string  `json:"congestion"`
+	Bytes        int64   `json:"bytes"`
+	Datagrams    int64   `json:"datagrams,omitempty"`
+	Transactions int64   `json:"transactions,omitempty"`
+	Seconds      float64 `json:"seconds"`
+	Congestion   string  `json:"congestion,omitempty"`
 }
 
 // sendCmd is the kernel sender of `ustack bench`: a separate process (run
@@ -30,11 +33,23 @@ func sendCmd(args []string) error {
 	max := fs.Int64("max", 64<<30, "stop after this many bytes")
 	wsize := fs.Int("w", 64<<10, "write size")
 	cc := fs.String("cc", "cubic", "congestion control of the sending socket")
+	mode := fs.String("mode", "tcp", "tcp (bulk), udp (datagrams of -size, -gso per write with UDP_SEGMENT; 0: one per write) or rr (request/response of -size bytes)")
+	size := fs.Int("size", 64, "udp datagram or rr message size")
+	gso := fs.Int("gso", 64, "udp: datagrams per write with UDP_SEGMENT (0 or 1: plain writes)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *dur <= 0 || *dur > 10*time.Minute || *wsize <= 0 {
 		return usageError{errors.New("want 0 < -t <= 10m and -w > 0")}
+	}
+	switch *mode {
+	case "udp":
+		return sendUDP(*addr, *dur, *max, *size, *gso)
+	case "rr":
+		return sendRR(*addr, *dur, *size)
+	case "tcp":
+	default:
+		return usageError{fmt.Errorf("mode %q: want tcp, udp or rr", *mode)}
 	}
 	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
@@ -75,4 +90,90 @@ func sendCmd(args []string) error {
 	}
 	el := time.Since(start)
 	return json.NewEncoder(os.Stdout).Encode(sendResult{Bytes: sent, Seconds: el.Seconds(), Congestion: got})
+}
+
+// sendUDP sends datagrams of size bytes, unpaced, for dur: with gso > 1,
+// gso of them per write with UDP_SEGMENT, so that the TAP's USO offload
+// hands ustack super-frames, as a real NIC's wire would not be the
+// bottleneck.
+func sendUDP(addr string, dur time.Duration, max int64, size, gso int) error {
+	if size < 1 || size > 1472 || gso < 0 || gso > 64 {
+		return usageError{errors.New("want 1 <= -size <= 1472 and 0 <= -gso <= 64")}
+	}
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	per := max1(gso)
+	if per > 1 {
+		rc, err := c.(*net.UDPConn).SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT, size) })
+		if serr != nil {
+			return fmt.Errorf("UDP_SEGMENT: %w", serr)
+		}
+	}
+	buf := make([]byte, size*per)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	start := time.Now()
+	deadline := start.Add(dur)
+	var sent, dgrams int64
+	for i := 0; sent < max; i++ {
+		if i%64 == 0 && time.Now().After(deadline) {
+			break
+		}
+		n, err := c.Write(buf)
+		if err != nil {
+			if errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ECONNREFUSED) {
+				continue
+			}
+			return err
+		}
+		sent += int64(n)
+		dgrams += int64(per)
+	}
+	return json.NewEncoder(os.Stdout).Encode(sendResult{Bytes: sent, Datagrams: dgrams, Seconds: time.Since(start).Seconds()})
+}
+
+func max1(n int) int {
+	if n < 1 {
+		return 1
+	}
+	return n
+}
+
+// sendRR runs request/response transactions of size bytes on one TCP
+// connection for dur, as neper's TCP_RR does, and counts them.
+func sendRR(addr string, dur time.Duration, size int) error {
+	if size < 1 || size > 65536 {
+		return usageError{errors.New("want 1 <= -size <= 65536")}
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetNoDelay(true)
+	req := make([]byte, size)
+	resp := make([]byte, size)
+	start := time.Now()
+	deadline := start.Add(dur)
+	c.SetDeadline(deadline.Add(5 * time.Second))
+	var n int64
+	for time.Now().Before(deadline) {
+		if _, err := c.Write(req); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(c, resp); err != nil {
+			return err
+		}
+		n++
+	}
+	return json.NewEncoder(os.Stdout).Encode(sendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds()})
 }
