@@ -32,12 +32,25 @@
 // (cpumap_dropped). A worker sleeps when its ring is empty and is woken by
 // the flush that makes it non-empty, once per bulk.
 //
+// # Workers and GRO
+//
+// Each entry's worker is a goroutine that calls Config.Pin first (in ustack
+// LockOSThread and sched_setaffinity to the entry's CPU; New fails if that
+// fails) and never unlocks its thread. Like cpu_map_kthread_run, it takes up
+// to Batch (8) frames per round and hands each to its Receiver; it ends the
+// Receiver's batch (EndBatch) when a round leaves the ring empty, and after
+// every 64 frames (NAPI_POLL_WEIGHT) under continuous load, so a GRO engine
+// holds nothing for long. A Receiver that is also a Flusher (a *gro.Engine
+// with a flush timeout) is flushed in full when the ring runs empty, the
+// kernel's full GRO flush before the kthread sleeps; under load only
+// EndBatch runs, which flushes just the old packets.
+//
 // # Threading and ownership
 //
 // Producer methods are called from the producer's goroutine; several
 // producers may feed one ring. Receiver methods are called only from the
 // entry's worker goroutine. Map.Stats may be read from any goroutine, and
-// Map.Close may be called from any goroutine, once.
+// Map.Close called from any goroutine but a worker's.
 //
 // Enqueue takes ownership of the packet. From then on the map owns it until
 // the entry's worker hands it to Receiver.Receive, which takes ownership; or

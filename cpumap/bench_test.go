@@ -1,0 +1,191 @@
+package cpumap
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// returner is a Receiver that hands packets back to the test: it keeps
+// them until want have come, then signals done.
+type returner struct {
+	mu   sync.Mutex
+	back []*bufpool.Packet // +checklocks:mu
+	want int
+	done chan struct{}
+}
+
+func (r *returner) Receive(p *bufpool.Packet, now int64) {
+	r.mu.Lock()
+	r.back = append(r.back, p)
+	n := len(r.back)
+	r.mu.Unlock()
+	if n == r.want {
+		r.done <- struct{}{}
+	}
+}
+
+func (r *returner) EndBatch(int64) {}
+
+// TestNoAllocs pins zero heap allocations per frame in steady state, on
+// both sides: Enqueue, Flush, the ring, the wake-up and the worker's round.
+func TestNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	const n = 64 // a NAPI budget of frames per poll batch
+	ret := &returner{back: make([]*bufpool.Packet, 0, n), want: n, done: make(chan struct{}, 1)}
+	m, err := New(Config{CPUs: []int{0}, NewReceiver: func(int) Receiver { return ret }})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer m.Close()
+	pr := m.NewProducer()
+	pkts := make([]*bufpool.Packet, n)
+	frame := frameSpec{}.frame()
+	for i := range pkts {
+		pkts[i] = packetOf(frame)
+	}
+	hash := mustProgram(t, "hash", 1)
+	batch := func() {
+		for _, p := range pkts {
+			_, e := hash.Run(p)
+			pr.Enqueue(e, p)
+		}
+		pr.Flush()
+		<-ret.done
+		ret.mu.Lock()
+		copy(pkts, ret.back)
+		ret.back = ret.back[:0]
+		ret.mu.Unlock()
+	}
+	batch() // warm up
+	if allocs := testing.AllocsPerRun(200, batch); allocs != 0 {
+		t.Errorf("got %v allocs per batch of %d frames, want 0", allocs, n)
+	}
+	for _, p := range pkts {
+		p.Release()
+	}
+	if got, want := m.Stats().WorkerFrames(), uint64(n*202); got != want {
+		t.Errorf("got %d frames received, want %d", got, want)
+	}
+}
+
+// releaser is a Receiver that releases what it is given.
+type releaser struct{}
+
+func (releaser) Receive(p *bufpool.Packet, now int64) { p.Release() }
+func (releaser) EndBatch(int64)                       {}
+
+// discarder is a Receiver that does nothing with what it is given: the
+// benchmark that uses it keeps the packets.
+type discarder struct{}
+
+func (discarder) Receive(*bufpool.Packet, int64) {}
+func (discarder) EndBatch(int64)                 {}
+
+// BenchmarkPipeline measures producer -> ring -> worker throughput, one
+// frame per iteration (ns/op is ns per frame), with poll batches of 64
+// frames. The producer keeps no more than QueueSize-128 frames in flight,
+// so nothing is dropped and the figure is the slower side's.
+//
+// With packets=pool, the producer takes each packet from the packet cache
+// and the worker releases it, as in ustack (the cache's cross-CPU traffic
+// included). With packets=fixed, a fixed set of more packets than can be in
+// flight is enqueued round robin and the worker does nothing with them, so
+// that only the cpumap's own cost is measured.
+func BenchmarkPipeline(b *testing.B) {
+	for _, fixed := range []bool{false, true} {
+		for _, bulk := range []int{1, 8} {
+			name := fmt.Sprintf("packets=pool/bulk=%d", bulk)
+			if fixed {
+				name = fmt.Sprintf("packets=fixed/bulk=%d", bulk)
+			}
+			b.Run(name, func(b *testing.B) { benchPipeline(b, bulk, fixed) })
+		}
+	}
+}
+
+func benchPipeline(b *testing.B, bulk int, fixed bool) {
+	const budget = 64
+	var recv Receiver = releaser{}
+	if fixed {
+		recv = discarder{}
+	}
+	m, err := New(Config{CPUs: []int{0}, BulkSize: bulk, NewReceiver: func(int) Receiver { return recv }})
+	if err != nil {
+		b.Fatalf("New: %v", err)
+	}
+	pr := m.NewProducer()
+	st := m.Stats()
+	frame := frameSpec{n: 1448}.frame()[:54]
+	limit := uint64(DefaultQueueSize - 2*budget)
+	var pkts []*bufpool.Packet
+	if fixed {
+		pkts = make([]*bufpool.Packet, 2*DefaultQueueSize)
+		for i := range pkts {
+			pkts[i] = packetOf(frame)
+		}
+	}
+	var sent uint64
+	b.ReportAllocs()
+	for b.Loop() {
+		var p *bufpool.Packet
+		if fixed {
+			p = pkts[sent%uint64(len(pkts))]
+		} else {
+			p = bufpool.NewPacket()
+			p.Linear = append(p.Linear, frame...)
+		}
+		pr.Enqueue(0, p)
+		if sent++; sent%budget == 0 {
+			pr.Flush()
+			// Spin, yielding now and then: Gosched at every check
+			// costs the worker its CPU's scheduler time.
+			for i := 1; sent-st.Entry(0).Frames.Load() > limit; i++ {
+				if i%1024 == 0 {
+					runtime.Gosched()
+				}
+			}
+		}
+	}
+	pr.Flush()
+	m.Close()
+	for _, p := range pkts {
+		p.Release()
+	}
+	if d := st.Dropped.Load(); d != 0 {
+		b.Errorf("got %d dropped, want 0", d)
+	}
+	b.ReportMetric(st.BulkSizeAvg(), "frames/bulk")
+	b.ReportMetric(float64(st.WorkerFrames())/float64(max(st.WorkerRounds(), 1)), "frames/round")
+	b.ReportMetric(float64(st.WorkerEmptyWaits())/float64(sent)*1000, "sleeps/kframe")
+}
+
+func BenchmarkPrograms(b *testing.B) {
+	for _, tc := range []struct {
+		prog string
+		s    frameSpec
+	}{
+		{"hash", frameSpec{}},
+		{"hash", frameSpec{v6: true, udp: true}},
+		{"drop-port:80", frameSpec{v6: true}},
+	} {
+		name := tc.prog + "/v4"
+		if tc.s.v6 {
+			name = tc.prog + "/v6"
+		}
+		b.Run(name, func(b *testing.B) {
+			prog := mustProgram(b, tc.prog, 4)
+			p := packetOf(tc.s.frame())
+			defer p.Release()
+			b.ReportAllocs()
+			for b.Loop() {
+				prog.Run(p)
+			}
+		})
+	}
+}

@@ -1,0 +1,189 @@
+package cpumap
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// Action is a Program's verdict on a frame, as an XDP program's return code.
+type Action uint8
+
+// Actions.
+const (
+	// Pass hands the frame up on the poll loop (XDP_PASS).
+	Pass Action = iota
+	// Drop releases the frame (XDP_DROP).
+	Drop
+	// TX sends the frame back out of the port it came from (XDP_TX).
+	TX
+	// Redirect moves the frame to a cpumap entry (XDP_REDIRECT into a
+	// BPF_MAP_TYPE_CPUMAP).
+	Redirect
+)
+
+var actionNames = [...]string{Pass: "pass", Drop: "drop", TX: "tx", Redirect: "redirect"}
+
+// String returns the action's name: "pass", "drop", "tx" or "redirect".
+func (a Action) String() string {
+	if int(a) < len(actionNames) {
+		return actionNames[a]
+	}
+	return "action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// Program decides what happens to one frame, in the poll loop. It sees the
+// packet (headers in p.Linear, starting at the Ethernet header) and may
+// rewrite header bytes in p.Linear; it borrows p for the call only. For
+// Redirect it returns the target entry: an index into the Map's CPU list,
+// not an OS CPU number. Run is called from the poll loop's goroutine; it
+// must not allocate, and must not panic whatever the bytes.
+type Program interface {
+	Run(p *bufpool.Packet) (Action, int)
+}
+
+// Limits of the built-in programs.
+const (
+	// indirSize is the size of the hash program's indirection table, as
+	// a NIC's RSS table: an entry is indir[hash % indirSize], filled
+	// round robin (ethtool_rxfh_indir_default). It is also the most
+	// entries the hash program spreads over.
+	indirSize = 128
+	maxPort   = 65535
+)
+
+// ParseProgram returns the built-in program called name, for a map of ncpu
+// entries (0 when there is no cpumap):
+//
+//	pass          every frame passes
+//	drop          every frame is dropped
+//	cpu:N         every frame goes to entry N (0 <= N < ncpu)
+//	hash          a Toeplitz flow hash (RSS's) over the IPv4 or IPv6
+//	              addresses, protocol and TCP/UDP ports picks the entry,
+//	              through a 128-slot indirection table; fragments hash on
+//	              the addresses only, frames that are not IP go to entry 0
+//	drop-port:P   TCP and UDP frames to destination port P are dropped,
+//	              the rest pass (0 <= P <= 65535)
+//
+// The returned programs are safe for concurrent use by several poll loops.
+func ParseProgram(name string, ncpu int) (Program, error) {
+	switch {
+	case name == "pass":
+		return passProgram{}, nil
+	case name == "drop":
+		return dropProgram{}, nil
+	case name == "hash":
+		if ncpu < 1 || ncpu > indirSize {
+			return nil, programError(name, ncpu, fmt.Sprintf("needs 1 to %d cpumap entries, have %d", indirSize, ncpu))
+		}
+		return newHashProgram(ncpu), nil
+	}
+	if s, ok := strings.CutPrefix(name, "cpu:"); ok {
+		n, err := strconv.ParseUint(s, 10, 31)
+		if err != nil || int(n) >= ncpu {
+			return nil, programError(name, ncpu, "entry out of range")
+		}
+		return cpuProgram(n), nil
+	}
+	if s, ok := strings.CutPrefix(name, "drop-port:"); ok {
+		n, err := strconv.ParseUint(s, 10, 16)
+		if err != nil {
+			return nil, programError(name, ncpu, "port out of range")
+		}
+		return dropPortProgram(n), nil
+	}
+	return nil, programError(name, ncpu, "unknown program")
+}
+
+func programError(name string, ncpu int, why string) error {
+	cpu := "cpu:N (0 <= N < ncpu)"
+	if ncpu > 0 {
+		cpu = fmt.Sprintf("cpu:N (0 <= N < %d)", ncpu)
+	}
+	return fmt.Errorf("xdp program %q: %s; want pass, drop, %s, hash, or drop-port:P (0 <= P <= %d)", name, why, cpu, maxPort)
+}
+
+type passProgram struct{}
+
+func (passProgram) Run(*bufpool.Packet) (Action, int) { return Pass, 0 }
+func (passProgram) String() string                    { return "pass" }
+
+type dropProgram struct{}
+
+func (dropProgram) Run(*bufpool.Packet) (Action, int) { return Drop, 0 }
+func (dropProgram) String() string                    { return "drop" }
+
+// cpuProgram redirects every frame to one entry.
+type cpuProgram int
+
+func (c cpuProgram) Run(*bufpool.Packet) (Action, int) { return Redirect, int(c) }
+func (c cpuProgram) String() string                    { return "cpu:" + strconv.Itoa(int(c)) }
+
+// dropPortProgram drops TCP and UDP frames to one destination port. A
+// fragment after the first, which carries no ports, passes.
+type dropPortProgram uint16
+
+func (d dropPortProgram) Run(p *bufpool.Packet) (Action, int) {
+	var f flow
+	b := p.Linear
+	if parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == uint16(d) {
+		return Drop, 0
+	}
+	return Pass, 0
+}
+
+func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(int(d)) }
+
+// hashProgram spreads flows over entries as RSS spreads them over queues.
+type hashProgram struct {
+	n     int
+	t     *toeplitz
+	indir [indirSize]uint8
+}
+
+func newHashProgram(n int) *hashProgram {
+	h := &hashProgram{n: n, t: rssTable()}
+	for i := range h.indir {
+		h.indir[i] = uint8(i % n)
+	}
+	return h
+}
+
+func (h *hashProgram) String() string { return "hash" }
+
+func (h *hashProgram) Run(p *bufpool.Packet) (Action, int) {
+	var f flow
+	b := p.Linear
+	if !parseFlow(b, &f) {
+		return Redirect, 0
+	}
+	return Redirect, int(h.indir[h.hash(b, &f)%indirSize])
+}
+
+// hash returns the flow hash of the IP frame b, parsed into f. Only the
+// addresses are hashed for a fragment (the ports are in the first one
+// only), and the addresses and protocol when the transport header is not in
+// b or is neither TCP nor UDP.
+func (h *hashProgram) hash(b []byte, f *flow) uint32 {
+	var v uint32
+	alen, pos := 4, 0 // address length; input position of the ports
+	src := f.l3 + 12
+	if f.v6 {
+		alen, src = 16, f.l3+8
+	}
+	if len(b) < src+2*alen { // parseFlow checked; keep the compiler's view simple
+		return 0
+	}
+	v = h.t.bytes(0, b[src:src+2*alen])
+	pos = 2 * alen
+	if f.frag || f.l4 < 0 {
+		return v
+	}
+	if f.ports(b) {
+		v ^= h.t.bytes(pos, b[f.l4:f.l4+4])
+	}
+	return v ^ h.t[pos+4][f.proto]
+}

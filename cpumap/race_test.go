@@ -1,0 +1,5 @@
+//go:build race
+
+package cpumap
+
+const raceEnabled = true
