@@ -9,6 +9,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
+	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/gro"
 )
@@ -29,6 +30,15 @@ type linkEndpoint struct {
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
 	trains trainTable  // UDP ports bound by TrainConns
+
+	// XDP and cpumap (nil when not configured). The program and the
+	// producer are used by the poll loop only.
+	xdp      cpumap.Program
+	xdpStats xdpStats
+	xdpParts [][]byte
+	cpumap   *cpumap.Map
+	cpuProd  *cpumap.Producer
+	cpuGRO   []*gro.Engine
 
 	// Poll loop only.
 	gro        *gro.Engine // nil with GRO off
@@ -53,6 +63,9 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 // engine when there is one, else straight to gVisor. Called by the poll
 // loop only.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
+	if e.xdp != nil && e.runXDP(pkt) {
+		return
+	}
 	if e.gro != nil {
 		e.gro.Receive(pkt, e.nowNS())
 		return
@@ -153,6 +166,9 @@ func writeAfter(v *buffer.View, q *driver.Packet, skip int) {
 // jiffy, as napi_poll does, so that GRO packets are not cut at every budget.
 // Flush asks to be called again while GRO still holds packets.
 func (e *linkEndpoint) Flush(more bool) time.Duration {
+	if e.cpuProd != nil {
+		e.cpuProd.Flush() // xdp_do_flush: the bulk queues go to the rings
+	}
 	if e.gro == nil {
 		return 0
 	}

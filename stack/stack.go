@@ -28,6 +28,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/gro"
 )
@@ -62,6 +63,16 @@ type Config struct {
 	// GROFlushTimeout is gro_flush_timeout: 0 flushes GRO at the end of
 	// every poll batch; more keeps packets across batches until that old.
 	GROFlushTimeout time.Duration
+	// XDP is the program run on every frame in the poll loop (nil: none);
+	// cpumap.ParseProgram builds the built-in ones.
+	XDP cpumap.Program
+	// CPUMap lists the OS CPUs of the cpumap's entries, the targets of the
+	// program's redirects (nil: no cpumap; redirects are dropped).
+	CPUMap []int
+	// NoCPUMapGRO turns the cpumap workers' GRO off (seed 004's "before").
+	NoCPUMapGRO bool
+	// CPUMapQueue is the ring size of each cpumap entry (0: default).
+	CPUMapQueue int
 	// NoSACK turns TCP selective acknowledgements off (on by default).
 	NoSACK bool
 	// NoModerateReceiveBuffer turns receive-buffer auto-tuning off.
@@ -127,9 +138,19 @@ func New(cfg Config) (s *Stack, err error) {
 		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(ep))
 		ep.groTimeout = cfg.GROFlushTimeout
 	}
+	ep.xdp = cfg.XDP
+	if len(cfg.CPUMap) > 0 {
+		if err := ep.startCPUMap(&cfg); err != nil {
+			drv.Close()
+			return nil, err
+		}
+	}
 	ip, err := newGVisor(ep, &cfg)
 	if err != nil {
 		drv.Close()
+		if ep.cpumap != nil {
+			ep.cpumap.Close()
+		}
 		return nil, err
 	}
 	drv.Start(ep)
@@ -311,6 +332,15 @@ func (s *Stack) Close() error {
 		if s.drv != nil {
 			err = s.drv.Close()
 		}
+		// The poll loop has stopped: what its GRO holds, and what the
+		// cpumap workers have queued, goes to gVisor, which is still up.
+		if s.ep != nil && s.ep.gro != nil {
+			s.ep.gro.Flush()
+		}
+		if s.ep != nil && s.ep.cpumap != nil {
+			s.ep.cpuProd.Flush()
+			s.ep.cpumap.Close()
+		}
 		s.ip.Close()
 		s.ip.Wait()
 	})
@@ -341,6 +371,13 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 			s.ep.gro.Stats().Each(fn)
 		}
 		s.ep.pages.each(fn)
+		if s.ep.xdp != nil {
+			s.ep.xdpStats.each(fn)
+		}
+		if s.ep.cpumap != nil {
+			s.ep.cpumap.Stats().Each(fn)
+			s.ep.eachCPUMapGRO(fn)
+		}
 	}
 	st := s.ip.Stats()
 	fn("ip_packets_received", st.IP.PacketsReceived.Value())

@@ -1,0 +1,147 @@
+package stack
+
+import (
+	"context"
+	"crypto/sha256"
+	"io"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
+	"github.com/ustack/ustack/driver"
+)
+
+// pairConfig is pair with a whole stack configuration for the receiver.
+func pairConfig(t testing.TB, cfg Config) (rx, peer *Stack) {
+	t.Helper()
+	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	pool, err := bufpool.New(bufpool.Config{Poison: true, RingSize: 1 << 15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Driver.Pool = pool
+	cfg.Wire = a
+	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")}
+	cfg.MAC = [6]byte{2, 0, 0, 0, 0, 1}
+	rx, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err = New(Config{Wire: b, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("2001:db8::2/64")}, MAC: [6]byte{2, 0, 0, 0, 0, 2}})
+	if err != nil {
+		rx.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		peer.Close()
+		rx.Close()
+		if n := pool.InUse(); n != 0 {
+			t.Errorf("pages still in use after Close: got %d, want 0", n)
+		}
+	})
+	return rx, peer
+}
+
+func counterMap(s *Stack) map[string]uint64 {
+	m := map[string]uint64{}
+	s.EachCounter(func(name string, v uint64) { m[name] = v })
+	return m
+}
+
+// bulkTo sends n bytes from peer to addr on rx and returns whether the
+// receiver's SHA-256 matched.
+func bulkTo(t *testing.T, rx, peer *Stack, addr netip.AddrPort, n int) {
+	t.Helper()
+	l, err := rx.ListenTCP(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan [32]byte, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		defer c.Close()
+		h := sha256.New()
+		io.Copy(h, c)
+		var sum [32]byte
+		h.Sum(sum[:0])
+		got <- sum
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := peer.DialTCP(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	want, err := sendAndHash(c, n, 64<<10, 9)
+	c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case sum := <-got:
+		if sum != want {
+			t.Fatalf("sha256 of received bytes: got %x, want %x", sum, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("receiver did not finish")
+	}
+}
+
+func TestCPUMapRedirect(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		noGRO bool
+	}{{"cpumap-gro-on", false}, {"cpumap-gro-off", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			prog, err := cpumap.ParseProgram("hash", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rx, peer := pairConfig(t, Config{XDP: prog, CPUMap: []int{0, 1}, NoCPUMapGRO: tc.noGRO})
+			bulkTo(t, rx, peer, netip.MustParseAddrPort("192.0.2.1:5001"), 16<<20)
+			bulkTo(t, rx, peer, netip.MustParseAddrPort("[2001:db8::1]:5002"), 4<<20)
+			c := counterMap(rx)
+			if c["rx_xdp_redirect"] == 0 || c["cpumap_worker_frames"] == 0 {
+				t.Errorf("rx_xdp_redirect %d, cpumap_worker_frames %d: want both > 0", c["rx_xdp_redirect"], c["cpumap_worker_frames"])
+			}
+			if !tc.noGRO && c["cpumap_rx_gro_skbs"] == 0 {
+				t.Errorf("cpumap_rx_gro_skbs: got 0, want > 0 with cpumap GRO on")
+			}
+			if tc.noGRO && c["cpumap_rx_gro_skbs"] != 0 {
+				t.Errorf("cpumap_rx_gro_skbs: got %d, want 0 with cpumap GRO off", c["cpumap_rx_gro_skbs"])
+			}
+		})
+	}
+}
+
+func TestXDPDropPort(t *testing.T) {
+	prog, err := cpumap.ParseProgram("drop-port:9", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, peer := pairConfig(t, Config{XDP: prog})
+	u, err := rx.ListenUDP(netip.MustParseAddrPort("192.0.2.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	udpBurst(t, peer, netip.MustParseAddrPort("192.0.2.1:9"), 10, 100)
+	u.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, _, err := u.ReadFrom(make([]byte, 2000)); err == nil {
+		t.Errorf("a datagram to the dropped port arrived (%d bytes)", n)
+	}
+	c := counterMap(rx)
+	if c["rx_xdp_drop"] < 10 {
+		t.Errorf("rx_xdp_drop: got %d, want >= 10", c["rx_xdp_drop"])
+	}
+	// Other ports still pass.
+	bulkTo(t, rx, peer, netip.MustParseAddrPort("192.0.2.1:5001"), 1<<20)
+}
