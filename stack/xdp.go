@@ -120,4 +120,3 @@ func (e *linkEndpoint) eachCPUMapGRO(fn func(string, uint64)) {
 		fn("cpumap_"+n, sums[n])
 	}
 }
-
