@@ -46,6 +46,7 @@ func benchCmd(args []string) error {
 		mtu    = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
 		stock  = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
 		pool   = fs.Bool("pool", false, "measure page recycling (seed 001): recycle off/on at 4k/64k pages, LRO off")
+		cpump  = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -75,6 +76,9 @@ func benchCmd(args []string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	if *cpump {
+		return benchCPUMap(bed, exe, *dur, *rounds, *mtu)
 	}
 	fmt.Printf("ustack bench: TCP bulk, kernel sender in netns %s -> TAP %s -> ustack, MTU %d, write %d B, sender congestion control %s, %v per run, %d rounds interleaved\n",
 		bed.NS.Name, bed.TAPName, *mtu, *wsize, *cc, *dur, *rounds)

@@ -142,5 +142,5 @@ func poolRows(mtu int) []benchRow {
 
 // basePolicy is the default of every switch.
 func basePolicy(mtu int) policy {
-	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on"}
+	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on"}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
 )
@@ -28,6 +29,10 @@ type policy struct {
 	nicCPU   string
 	pollCPU  string
 	recycle  string
+	xdp      string
+	cpumap   string
+	cpuGRO   string
+	cpuQueue int
 	poison   bool
 	poolMem  int64
 	poolRing int
@@ -48,6 +53,10 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.poison, "pool-poison", false, "poison recycled pages and check them when reused (debug)")
 	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
 	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
+	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P (empty: none)")
+	fs.StringVar(&p.cpumap, "cpumap", "", "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)")
+	fs.StringVar(&p.cpuGRO, "cpumap-gro", "on", "GRO in the cpumap workers: on|off")
+	fs.IntVar(&p.cpuQueue, "cpumap-qsize", 0, "ring size of each cpumap entry (0: 2048)")
 	fs.StringVar(&p.nicCPU, "nic-cpu", "", "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)")
 	fs.StringVar(&p.pollCPU, "poll-cpu", "", "pin the poll loop's thread to this CPU list")
 }
@@ -98,6 +107,23 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	}
 	c.Pool.MaxBytes = p.poolMem
 	c.Pool.RingSize = p.poolRing
+	if c.CPUMap, err = parseCPUs(p.cpumap); err != nil {
+		return c, fmt.Errorf("cpumap: %w", err)
+	}
+	if p.xdp != "" {
+		if c.XDP, err = cpumap.ParseProgram(p.xdp, max(1, len(c.CPUMap))); err != nil {
+			return c, err
+		}
+	}
+	cpuGRO, err := driver.ParseOnOff("cpumap-gro", p.cpuGRO)
+	if err != nil {
+		return c, err
+	}
+	c.NoCPUMapGRO = !cpuGRO
+	if p.cpuQueue < 0 {
+		return c, fmt.Errorf("cpumap-qsize %d: want >= 0", p.cpuQueue)
+	}
+	c.CPUMapQueue = p.cpuQueue
 	if c.Driver.NICCPUs, err = parseCPUs(p.nicCPU); err != nil {
 		return c, fmt.Errorf("nic-cpu: %w", err)
 	}
@@ -110,6 +136,9 @@ func (p *policy) stackConfig() (stack.Config, error) {
 // String describes the policy in flag form.
 func (p *policy) String() string {
 	s := fmt.Sprintf("lro=%s hds=%s gro=%s rq=%s mtu=%d", p.lro, p.hds, p.gro, p.rq, p.mtu)
+	if p.xdp != "" {
+		s += fmt.Sprintf(" xdp=%s cpumap=%s cpumap-gro=%s", p.xdp, p.cpumap, p.cpuGRO)
+	}
 	if p.recycle == "off" || p.pageSize == "64k" || p.order != 0 {
 		s += fmt.Sprintf(" recycle=%s page=%s order=%d", p.recycle, p.pageSize, p.order)
 	}
