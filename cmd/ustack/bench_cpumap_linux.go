@@ -155,4 +155,3 @@ func cpumapRun(bed *testbed.TAPBed, exe string, row benchRow, w cpumapWorkload, 
 	}
 	return float64(n) / res.Seconds, lost, nil
 }
-
