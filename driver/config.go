@@ -126,6 +126,14 @@ type Config struct {
 	StrideSize int
 	// WQEBytes is the size of one striding WQE (default 256 KB).
 	WQEBytes int
+	// HWGRO is hardware GRO (SHAMPO): off, on, or coalesce (seed 002).
+	HWGRO HWGROMode
+	// Reservation is the data reservation of one hardware GRO session
+	// (default DefaultReservation).
+	Reservation int
+	// HWGROTimeout ends a hardware GRO session that has seen no frame for
+	// this long (default DefaultHWGROTimeout).
+	HWGROTimeout time.Duration
 	// PagePerFrame starts every frame on a fresh page, as a driver without
 	// page recycling does (the behaviour seed 001 fixes): a 64 KB GRO packet
 	// of 1500-byte frames then spans 45 pages.
@@ -174,6 +182,18 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HDS < 0 || c.HDS > MaxHDS {
 		return fmt.Errorf("hds %d: want auto or 1..%d", c.HDS, MaxHDS)
+	}
+	if c.Reservation == 0 {
+		c.Reservation = DefaultReservation
+	}
+	if c.HWGROTimeout == 0 {
+		c.HWGROTimeout = DefaultHWGROTimeout
+	}
+	if c.HWGRO > HWGROCoalesce || c.Reservation < 4096 || c.HWGROTimeout < 0 {
+		return fmt.Errorf("hw-gro %v, reservation %d, timeout %v: want off/on/coalesce, >= 4096, >= 0", c.HWGRO, c.Reservation, c.HWGROTimeout)
+	}
+	if c.HWGRO != HWGROOff && c.LRO {
+		return fmt.Errorf("hw-gro and lro: the hardware does one or the other")
 	}
 	if c.RQ != RQStriding && c.RQ != RQCyclic {
 		return fmt.Errorf("rq mode %d unknown", c.RQ)

@@ -19,6 +19,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ustack/ustack/bufpool"
 )
@@ -44,6 +45,14 @@ type Driver struct {
 	nicWaiting   atomic.Bool
 
 	nic nicState // owned by the NIC goroutine
+
+	// Hardware GRO (SHAMPO): the header buffer, one entry per CQE, written
+	// by the NIC and read by the poll loop like the CQE itself; the poll
+	// loop's session builder; counters.
+	headers []byte
+	hwb     shampoBuilder
+	shampo  shampoStats
+	epoch   time.Time
 
 	txMu  sync.Mutex
 	txBuf []byte // +checklocks:txMu
@@ -76,6 +85,10 @@ func New(wire Wire, cfg Config) (*Driver, error) {
 		pollDone: make(chan struct{}),
 		txBuf:    make([]byte, VirtioNetHdrLen+maxLROFrame),
 	}
+	if cfg.HWGRO != HWGROOff {
+		d.headers = make([]byte, cfg.RingSize*shampoHeaderEntry)
+	}
+	d.epoch = time.Now()
 	d.nic.init(d)
 	d.NICCPU.Store(-1)
 	d.PollCPU.Store(-1)
@@ -111,6 +124,7 @@ func (d *Driver) Close() error {
 		if !started {
 			d.startOnce.Do(func() {}) // never start after Close
 			d.nic.retire()
+			d.nic.closeSession()
 			d.pool.Close()
 			return
 		}
@@ -118,6 +132,7 @@ func (d *Driver) Close() error {
 		close(d.stop)
 		<-d.pollDone
 		d.nic.retire()
+		d.nic.closeSession()
 		// Drop the pool's hold on the pages in its quarantine; pages of
 		// packets still held elsewhere go when those are released.
 		d.pool.Close()
@@ -127,6 +142,12 @@ func (d *Driver) Close() error {
 	})
 	return err
 }
+
+// clock is the NIC model's time in ns.
+func (d *Driver) clock() int64 { return int64(time.Since(d.epoch)) }
+
+// EachHWGRO calls fn for every hardware GRO counter.
+func (d *Driver) EachHWGRO(fn func(name string, v uint64)) { d.shampo.each(fn) }
 
 // Transmit writes one frame to the wire behind the virtio-net header h. The
 // frame is the concatenation of parts; the caller keeps ownership of them.

@@ -28,6 +28,8 @@ type nicState struct {
 	wqeSeq    uint32
 	posted    bool
 
+	sess session // hardware GRO
+
 	prod    uint32 // next CQE to write; published to d.prod in batches
 	pending int    // CQEs written since the last publish
 	csum    CsumState
@@ -245,6 +247,18 @@ func (n *nicState) dropped(d Drop) { n.d.stats.Dropped[d].Add(1) }
 // want of a buffer.
 func (n *nicState) place(a, b []byte) bool {
 	d := n.d
+	if d.cfg.HWGRO != HWGROOff && n.info.L4 == L4TCP && n.gsoSize == 0 {
+		hdr, payload := a, b
+		if b == nil {
+			h := n.info.HeaderLen()
+			hdr, payload = a[:h], a[h:n.info.L2Len+n.info.IPLen]
+		}
+		if n.placeSHAMPO(hdr, payload, n.info) {
+			return true
+		}
+	} else if n.sess.open {
+		n.closeSession() // another kind of frame ends the session
+	}
 	size := len(a) + len(b)
 	if n.posted && n.off+size > n.size {
 		n.retire() // the rest of the WQE is skipped, as mlx5's filler CQE does

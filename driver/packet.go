@@ -35,7 +35,16 @@ type CQE struct {
 	Info      FrameInfo // L2/L3/L4 types and lengths (the CQE's l3/l4/vlan fields)
 	Csum      CsumState
 	GSOSize   uint16 // LRO: the MSS of the aggregated segments; 0 otherwise
-	NFrags    uint8
+	// Hardware GRO (SHAMPO): the frame's headers are in header buffer
+	// entry HeaderIndex (HeaderSize bytes) and its payload at DataOffset of
+	// the session's reservation (Frags); Match says it continues the
+	// previous CQE's session.
+	HWGRO       bool
+	Match       bool
+	HeaderIndex uint16
+	HeaderSize  uint16
+	DataOffset  uint32
+	NFrags      uint8
 	Frags     [maxCQEFrags]bufpool.Frag // the pages the frame spans; each holds a reference
 }
 

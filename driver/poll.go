@@ -77,6 +77,16 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	var bytes, hds, hdsPayload, linearOnly, frags uint64
 	for i := uint32(0); i < n; i++ {
 		cqe := &d.cq[(cons+i)&d.mask]
+		if cqe.HWGRO {
+			bytes += uint64(cqe.ByteCount)
+			if done := d.shampoAdd(cqe); done != nil {
+				d.handler.Deliver(done)
+			}
+			continue
+		}
+		if done := d.shampoFlush(); done != nil {
+			d.handler.Deliver(done)
+		}
 		pkt := d.build(cqe)
 		bytes += uint64(pkt.Len)
 		hds += uint64(len(pkt.Linear))
@@ -88,6 +98,11 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 		}
 		frags += uint64(len(pkt.Frags))
 		d.handler.Deliver(pkt)
+	}
+	// A session still open at the end of the poll goes up now, as mlx5
+	// flushes its SHAMPO skb at the end of each NAPI poll.
+	if done := d.shampoFlush(); done != nil {
+		d.handler.Deliver(done)
 	}
 	cons += n
 	d.cons.Store(cons)
@@ -178,6 +193,9 @@ func (d *Driver) build(cqe *CQE) *Packet {
 
 // drain drops the completions left when the driver stops.
 func (d *Driver) drain(cons uint32) {
+	if p := d.shampoFlush(); p != nil {
+		p.Release()
+	}
 	prod := d.prod.Load()
 	for ; cons != prod; cons++ {
 		cqe := &d.cq[cons&d.mask]

@@ -366,6 +366,7 @@ func (s *Stack) Counters() []Counter {
 func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	if s.drv != nil {
 		s.drv.Stats().Each(fn)
+		s.drv.EachHWGRO(fn)
 		s.drv.Pool().Stats().Each(fn)
 		if s.ep.gro != nil {
 			s.ep.gro.Stats().Each(fn)

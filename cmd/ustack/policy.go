@@ -21,6 +21,7 @@ type policy struct {
 	lro      string
 	hds      string
 	gro      string
+	hwGRO    string
 	groFlush time.Duration
 	budget   int
 	ring     int
@@ -44,6 +45,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.lro, "lro", "on", "hand GSO super-frames up whole: on|off")
 	fs.StringVar(&p.hds, "hds", "auto", "header copy into the linear part: auto (minimal headers)|N bytes")
 	fs.StringVar(&p.gro, "gro", "on", "software GRO on the poll loop: on|off")
+	fs.StringVar(&p.hwGRO, "hw-gro", "off", "hardware GRO (SHAMPO): off|on|coalesce (coalesce: adjacent payloads extend one frag up to the page, seed 002); needs -lro off")
 	fs.DurationVar(&p.groFlush, "gro-flush-timeout", 0, "keep GRO packets across poll batches until this old (gro_flush_timeout); 0 flushes at each batch end")
 	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
 	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
@@ -80,6 +82,12 @@ func (p *policy) stackConfig() (stack.Config, error) {
 		return c, err
 	}
 	c.NoGRO = !gro
+	if p.hwGRO == "" {
+		p.hwGRO = "off"
+	}
+	if c.Driver.HWGRO, err = driver.ParseHWGRO(p.hwGRO); err != nil {
+		return c, err
+	}
 	if p.groFlush < 0 {
 		return c, fmt.Errorf("gro-flush-timeout %v: want >= 0", p.groFlush)
 	}
@@ -136,6 +144,9 @@ func (p *policy) stackConfig() (stack.Config, error) {
 // String describes the policy in flag form.
 func (p *policy) String() string {
 	s := fmt.Sprintf("lro=%s hds=%s gro=%s rq=%s mtu=%d", p.lro, p.hds, p.gro, p.rq, p.mtu)
+	if p.hwGRO != "" && p.hwGRO != "off" {
+		s += " hw-gro=" + p.hwGRO
+	}
 	if p.xdp != "" {
 		s += fmt.Sprintf(" xdp=%s cpumap=%s cpumap-gro=%s", p.xdp, p.cpumap, p.cpuGRO)
 	}

@@ -1,0 +1,329 @@
+package driver
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ustack/ustack/bufpool"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+)
+
+// HWGROMode selects hardware GRO (mlx5 SHAMPO), as `ethtool -K rx-gro-hw`.
+type HWGROMode uint8
+
+const (
+	// HWGROOff places whole frames in the striding ring.
+	HWGROOff HWGROMode = iota
+	// HWGROOn is SHAMPO: the headers of each TCP frame go to a header
+	// buffer, its payload to a per-session data reservation, back to back;
+	// the driver builds one packet per session, one frag per payload.
+	HWGROOn
+	// HWGROCoalesce is SHAMPO with seed 002: a payload that continues the
+	// previous one on the same page extends that frag, up to the page.
+	HWGROCoalesce
+)
+
+// String returns the flag value for m.
+func (m HWGROMode) String() string {
+	switch m {
+	case HWGROOn:
+		return "on"
+	case HWGROCoalesce:
+		return "coalesce"
+	}
+	return "off"
+}
+
+// ParseHWGRO parses "off", "on" or "coalesce".
+func ParseHWGRO(s string) (HWGROMode, error) {
+	switch s {
+	case "off":
+		return HWGROOff, nil
+	case "on":
+		return HWGROOn, nil
+	case "coalesce":
+		return HWGROCoalesce, nil
+	}
+	return 0, fmt.Errorf("hw-gro %q: want off, on or coalesce", s)
+}
+
+const (
+	// shampoHeaderEntry is the size of one header buffer entry: the
+	// largest header SHAMPO splits off (MLX5E_SHAMPO_LOG_MAX_HEADER_ENTRY_SIZE).
+	shampoHeaderEntry = 256
+	// DefaultReservation is the data reservation of one session: room for
+	// a 64 KB GRO packet.
+	DefaultReservation = 64 << 10
+	// DefaultHWGROTimeout ends a session that has seen no frame for this
+	// long (the hardware's LRO/GRO session timer).
+	DefaultHWGROTimeout = 100 * time.Microsecond
+)
+
+// shampoStats are the hardware GRO counters.
+type shampoStats struct {
+	starts, sessions, packets, frags, payload, mappable, resvBytes, resvUsed atomic.Uint64
+}
+
+func (s *shampoStats) each(fn func(string, uint64)) {
+	fn("rx_gro_hw_session_starts", s.starts.Load())
+	fn("rx_gro_hw_sessions", s.sessions.Load())
+	fn("rx_gro_hw_packets", s.packets.Load())
+	fn("rx_gro_hw_frags", s.frags.Load())
+	fn("rx_gro_hw_payload_bytes", s.payload.Load())
+	fn("rx_gro_hw_mappable_bytes", s.mappable.Load())
+	fn("rx_gro_hw_resv_bytes", s.resvBytes.Load())
+	fn("rx_gro_hw_resv_used_bytes", s.resvUsed.Load())
+}
+
+// pageSet is a run of pages addressed as one buffer: a WQE or a SHAMPO
+// data reservation. Each page holds one reference of the NIC's.
+type pageSet struct {
+	pages []*bufpool.Page
+	start []int
+	size  int
+}
+
+// fill takes pages from pool until the set spans at least want bytes.
+func (s *pageSet) fill(pool *bufpool.Pool, want int) bool {
+	s.size = 0
+	for s.size < want {
+		pg, err := pool.Get()
+		if err != nil {
+			s.release(pool)
+			return false
+		}
+		s.pages = append(s.pages, pg)
+		s.start = append(s.start, s.size)
+		s.size += len(pg.Bytes())
+	}
+	return true
+}
+
+// release hands the pages back to the pool's quarantine ring.
+func (s *pageSet) release(pool *bufpool.Pool) {
+	for i, pg := range s.pages {
+		pool.Recycle(pg)
+		s.pages[i] = nil
+	}
+	s.pages, s.start, s.size = s.pages[:0], s.start[:0], 0
+}
+
+// write copies src to offset off of the set and records the pages it
+// touched in cqe's frags, taking a reference on each new one.
+func (s *pageSet) write(cqe *CQE, off int, src []byte) {
+	pi := len(s.pages) - 1
+	for pi > 0 && s.start[pi] > off {
+		pi--
+	}
+	for len(src) > 0 {
+		for off-s.start[pi] >= len(s.pages[pi].Bytes()) {
+			pi++
+		}
+		pg, po := s.pages[pi], off-s.start[pi]
+		c := copy(pg.Bytes()[po:], src)
+		if k := int(cqe.NFrags); k > 0 && cqe.Frags[k-1].Page == pg {
+			cqe.Frags[k-1].Len += uint32(c)
+		} else {
+			pg.IncRef()
+			cqe.Frags[k] = bufpool.Frag{Page: pg, Off: uint32(po), Len: uint32(c)}
+			cqe.NFrags++
+		}
+		src = src[c:]
+		off += c
+	}
+}
+
+// session is the NIC's open SHAMPO session: one flow whose payloads are
+// being laid back to back into a reservation.
+type session struct {
+	open    bool
+	flow    [36]byte // addresses and ports
+	flowLen int
+	nextSeq uint32
+	ack     uint32
+	last    int64 // when the session's last frame arrived
+	resv    pageSet
+	off     int
+}
+
+// placeSHAMPO places a TCP frame the SHAMPO way: its headers into the next
+// header buffer entry, its payload into the session's reservation, and
+// posts a CQE whose Match bit says whether it continues the session. It
+// reports false if the frame is not one SHAMPO takes (the caller places it
+// whole).
+func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
+	d := n.d
+	if len(hdr) > shampoHeaderEntry || len(payload) == 0 || fi.Fragment || fi.L4 != L4TCP || len(payload) > d.cfg.Reservation {
+		return false
+	}
+	l4 := fi.L2Len + fi.L3Len
+	if len(hdr) < l4+20 {
+		return false
+	}
+	tcp := hdr[l4:]
+	seq, ack, flags := binary.BigEndian.Uint32(tcp[4:]), binary.BigEndian.Uint32(tcp[8:]), tcp[13]
+	s := &n.sess
+	var flow [36]byte
+	fl := 0
+	if fi.L3 == L3IPv4 {
+		fl = copy(flow[:], hdr[fi.L2Len+12:fi.L2Len+20])
+	} else {
+		fl = copy(flow[:], hdr[fi.L2Len+8:fi.L2Len+40])
+	}
+	fl += copy(flow[fl:], tcp[:4])
+	now := d.clock()
+	match := s.open && fl == s.flowLen && flow == s.flow && seq == s.nextSeq && ack == s.ack &&
+		s.off+len(payload) <= s.resv.size && now-s.last < int64(d.cfg.HWGROTimeout) &&
+		flags&(tcpFlagSYN|tcpFlagRST|tcpFlagURG) == 0
+	if !match {
+		d.shampo.starts.Add(1)
+		n.closeSession()
+		if !s.resv.fill(d.pool, d.cfg.Reservation) {
+			n.dropped(DropNoBuffer)
+			return true
+		}
+		d.shampo.resvBytes.Add(uint64(s.resv.size))
+		s.open, s.flow, s.flowLen, s.ack, s.off = true, flow, fl, ack, 0
+	}
+	s.last = now
+	for n.prod-d.cons.Load() == uint32(len(d.cq)) {
+		n.waitSpace()
+	}
+	cqe := &d.cq[n.prod&d.mask]
+	hi := n.prod & d.mask // one header entry per CQE: freed when the CQE is
+	copy(d.headers[int(hi)*shampoHeaderEntry:], hdr)
+	cqe.ByteCount = uint32(len(hdr) + len(payload))
+	cqe.Info = *n.info
+	cqe.Csum = n.csum
+	cqe.GSOSize = 0
+	cqe.HWGRO = true
+	cqe.Match = match
+	cqe.HeaderIndex = uint16(hi)
+	cqe.HeaderSize = uint16(len(hdr))
+	cqe.DataOffset = uint32(s.off)
+	cqe.NFrags = 0
+	s.resv.write(cqe, s.off, payload)
+	s.off += len(payload)
+	s.nextSeq = seq + uint32(len(payload))
+	d.shampo.resvUsed.Add(uint64(len(payload)))
+	n.prod++
+	n.pending++
+	if flags&(tcpFlagPSH|tcpFlagFIN) != 0 || s.off == s.resv.size {
+		n.closeSession() // PSH/FIN end a session in hardware too
+	}
+	return true
+}
+
+// closeSession ends the open session and hands its reservation's pages
+// back to the pool (packets keep the ones they use).
+func (n *nicState) closeSession() {
+	s := &n.sess
+	if !s.open {
+		return
+	}
+	s.open = false
+	s.resv.release(n.d.pool)
+}
+
+// Extra TCP flag bits (gso.go has FIN, PSH and CWR).
+const (
+	tcpFlagSYN = 0x02
+	tcpFlagRST = 0x04
+	tcpFlagURG = 0x20
+)
+
+// shampoBuilder is the poll loop's side: it builds one packet per session
+// from the CQEs, headers from the header buffer, payloads as frags.
+type shampoBuilder struct {
+	pkt   *bufpool.Packet
+	flags byte // PSH/FIN seen in the session's frames
+	l3    int  // offset of the IP header
+	l4    int  // offset of the TCP header
+	v4    bool
+	last  *bufpool.Page
+}
+
+// add takes one hardware-GRO CQE; it returns a finished packet to hand up
+// (a session the CQE does not continue), or nil.
+func (d *Driver) shampoAdd(cqe *CQE) *bufpool.Packet {
+	b := &d.hwb
+	var done *bufpool.Packet
+	if b.pkt != nil && (!cqe.Match || len(b.pkt.Frags)+int(cqe.NFrags) > cap(b.pkt.Frags)) {
+		done = d.shampoFlush()
+	}
+	if b.pkt == nil {
+		p := bufpool.NewPacket()
+		h := d.headers[int(cqe.HeaderIndex)*shampoHeaderEntry:][:cqe.HeaderSize]
+		p.Linear = append(p.Linear, h...)
+		p.HdrLen = len(h)
+		p.CsumVerified = cqe.Csum != CsumNone
+		p.GSOSize = uint16(int(cqe.ByteCount) - len(h))
+		p.Segs = 0
+		b.pkt, b.flags, b.last = p, 0, nil
+		b.l3 = cqe.Info.L2Len
+		b.l4 = cqe.Info.L2Len + cqe.Info.L3Len
+		b.v4 = cqe.Info.L3 == L3IPv4
+	}
+	p := b.pkt
+	p.Segs++
+	b.flags |= d.headers[int(cqe.HeaderIndex)*shampoHeaderEntry+b.l4+13] & (tcpFlagPSH | tcpFlagFIN)
+	coalesce := d.cfg.HWGRO == HWGROCoalesce
+	for i := 0; i < int(cqe.NFrags); i++ {
+		f := cqe.Frags[i]
+		cqe.Frags[i] = bufpool.Frag{}
+		if k := len(p.Frags) - 1; coalesce && k >= 0 {
+			last := &p.Frags[k]
+			// skb_can_coalesce: the same page, starting where the last
+			// frag ends, and never beyond the page.
+			if last.Page == f.Page && last.Off+last.Len == f.Off && int(last.Len+f.Len) <= len(f.Page.Bytes()) {
+				last.Len += f.Len
+				f.Page.DecRef() // the frag's reference is now the last one's
+				continue
+			}
+		}
+		p.Frags = append(p.Frags, f)
+	}
+	cqe.NFrags = 0
+	d.shampo.packets.Add(1)
+	return done
+}
+
+// shampoFlush finishes the open session packet: IP lengths and flags fixed
+// for the merged size, as the driver does with the hardware's headers.
+func (d *Driver) shampoFlush() *bufpool.Packet {
+	b := &d.hwb
+	p := b.pkt
+	if p == nil {
+		return nil
+	}
+	b.pkt = nil
+	payload := 0
+	var mappable uint64
+	for _, f := range p.Frags {
+		payload += int(f.Len)
+		if f.Off == 0 && int(f.Len) == len(f.Page.Bytes()) {
+			mappable += uint64(f.Len)
+		}
+	}
+	p.Len = len(p.Linear) + payload
+	ip := p.Linear[b.l3:]
+	if b.v4 {
+		binary.BigEndian.PutUint16(ip[2:], uint16(p.Len-b.l3))
+		ip[10], ip[11] = 0, 0
+		checksum.Put(ip[10:], ^checksum.Checksum(ip[:b.l4-b.l3], 0))
+	} else {
+		binary.BigEndian.PutUint16(ip[4:], uint16(p.Len-b.l3-40))
+	}
+	p.Linear[b.l4+13] |= b.flags
+	if p.Segs < 2 {
+		p.Segs, p.GSOSize = 1, 0
+	}
+	st := &d.shampo
+	st.sessions.Add(1)
+	st.frags.Add(uint64(len(p.Frags)))
+	st.payload.Add(uint64(payload))
+	st.mappable.Add(mappable)
+	return p
+}
