@@ -45,7 +45,7 @@ type CQE struct {
 	HeaderSize  uint16
 	DataOffset  uint32
 	NFrags      uint8
-	Frags     [maxCQEFrags]bufpool.Frag // the pages the frame spans; each holds a reference
+	Frags       [maxCQEFrags]bufpool.Frag // the pages the frame spans; each holds a reference
 }
 
 // Packet is the bufpool packet the poll loop hands up: the headers (or a

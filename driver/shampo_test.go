@@ -103,11 +103,11 @@ func TestHWGROSessionBreaks(t *testing.T) {
 	ack := header.TCPFlagAck
 	frames := [][]byte{
 		mk(1000, 1, 1000, ack), mk(1000, 1001, 1000, ack), // one session
-		mk(2000, 1, 1000, ack),                              // another flow
-		mk(1000, 2001, 1000, ack),                           // back: new session
-		mk(1000, 5001, 1000, ack),                           // gap: new session
-		mk(1000, 6001, 1000, ack|header.TCPFlagPsh),         // continues, PSH ends it
-		mk(1000, 7001, 1000, ack),                           // new session
+		mk(2000, 1, 1000, ack),                      // another flow
+		mk(1000, 2001, 1000, ack),                   // back: new session
+		mk(1000, 5001, 1000, ack),                   // gap: new session
+		mk(1000, 6001, 1000, ack|header.TCPFlagPsh), // continues, PSH ends it
+		mk(1000, 7001, 1000, ack),                   // new session
 	}
 	c, d := hwGRORun(t, HWGROCoalesce, frames...)
 	// The NIC's decisions are exact: five sessions start. The poll loop
