@@ -46,6 +46,7 @@ func benchCmd(args []string) error {
 		mtu    = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
 		stock  = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
 		pool   = fs.Bool("pool", false, "measure page recycling (seed 001): recycle off/on at 4k/64k pages, LRO off")
+		hwgro  = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump  = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -61,6 +62,10 @@ func benchCmd(args []string) error {
 	rows := defaultRows(*mtu)
 	if *pool {
 		rows = poolRows(*mtu)
+		*stock = false
+	}
+	if *hwgro {
+		rows = hwGRORows(*mtu)
 		*stock = false
 	}
 	if *stock {
@@ -95,6 +100,10 @@ func benchCmd(args []string) error {
 	}
 	if *pool {
 		printPoolBench(os.Stdout, rows, results)
+		return nil
+	}
+	if *hwgro {
+		printHWGROBench(os.Stdout, rows, results)
 		return nil
 	}
 	printBench(os.Stdout, rows, results)
@@ -362,6 +371,28 @@ func printPoolBench(w io.Writer, rows []benchRow, results [][]sample) {
 		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%s\t%.0f\t%.1f\t%s\t%s\t\n",
 			r.name, g, lo, hi, rx, ratioStr(c["rx_gro_pkt_pages"], c["rx_gro_pkt_paged"]),
 			held/float64(driver.DefaultRingSize), held/1e6, strings.Join(hist, "|"), ss[len(ss)-1].congestion)
+	}
+	tw.Flush()
+}
+
+// printHWGROBench prints seed 002's figures: throughput, CPU, frags per
+// packet and the share of payload bytes in page-sized, page-aligned frags.
+func printHWGROBench(w io.Writer, rows []benchRow, results [][]sample) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tsegs/GRO pkt\tcc\t")
+	for i, r := range rows {
+		ss := results[i]
+		g, lo, hi := median(field(ss, func(s sample) float64 { return s.gbps }))
+		rx, _, _ := median(field(ss, func(s sample) float64 { return s.rxCPUPerGB }))
+		nic, _, _ := median(field(ss, func(s sample) float64 { return s.nicShare }))
+		c := ss[len(ss)-1].counters
+		share := "-"
+		if p := c["rx_gro_hw_payload_bytes"]; p > 0 {
+			share = fmt.Sprintf("%.0f%%", 100*float64(c["rx_gro_hw_mappable_bytes"])/float64(p))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t\n", r.name, g, lo, hi, rx, nic*100,
+			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share,
+			ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"]), ss[len(ss)-1].congestion)
 	}
 	tw.Flush()
 }

@@ -140,7 +140,19 @@ func poolRows(mtu int) []benchRow {
 	return rows
 }
 
+// hwGRORows are `ustack bench -hwgro`: seed 002's three-way comparison at
+// LRO off: software GRO only, hardware GRO, hardware GRO with coalescing.
+func hwGRORows(mtu int) []benchRow {
+	var rows []benchRow
+	for _, m := range []string{"off", "on", "coalesce"} {
+		p := basePolicy(mtu)
+		p.lro, p.hwGRO = "off", m
+		rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
+	}
+	return rows
+}
+
 // basePolicy is the default of every switch.
 func basePolicy(mtu int) policy {
-	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on"}
+	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on", hwGRO: "off"}
 }
