@@ -279,6 +279,7 @@ func (n *nicState) place(a, b []byte) bool {
 	cqe.Info = *n.info
 	cqe.Csum = n.csum
 	cqe.GSOSize = n.gsoSize
+	cqe.HWGRO, cqe.Match = false, false
 	cqe.NFrags = 0
 	off := n.off
 	n.dma(cqe, off, a)

@@ -39,15 +39,16 @@ type sample struct {
 func benchCmd(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
-		dur    = fs.Duration("t", 3*time.Second, "sending time per run")
-		rounds = fs.Int("rounds", 3, "rounds; the rows run interleaved in each round")
-		cc     = fs.String("cc", "cubic", "congestion control of the kernel sender")
-		wsize  = fs.Int("w", 64<<10, "sender write size")
-		mtu    = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
-		stock  = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
-		pool   = fs.Bool("pool", false, "measure page recycling (seed 001): recycle off/on at 4k/64k pages, LRO off")
-		hwgro  = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
-		cpump  = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
+		dur     = fs.Duration("t", 3*time.Second, "sending time per run")
+		rounds  = fs.Int("rounds", 3, "rounds; the rows run interleaved in each round")
+		cc      = fs.String("cc", "cubic", "congestion control of the kernel sender")
+		wsize   = fs.Int("w", 64<<10, "sender write size")
+		mtu     = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
+		stock   = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
+		pool    = fs.Bool("pool", false, "measure page recycling (seed 001): recycle off/on at 4k/64k pages, LRO off")
+		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
+		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
+		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -87,6 +88,25 @@ func benchCmd(args []string) error {
 	}
 	fmt.Printf("ustack bench: TCP bulk, kernel sender in netns %s -> TAP %s -> ustack, MTU %d, write %d B, sender congestion control %s, %v per run, %d rounds interleaved\n",
 		bed.NS.Name, bed.TAPName, *mtu, *wsize, *cc, *dur, *rounds)
+	var counts []int
+	for _, f := range strings.Split(*streams, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 64 {
+			return usageError{fmt.Errorf("-P %q: want stream counts in 1..64", *streams)}
+		}
+		counts = append(counts, n)
+	}
+	if len(counts) > 1 || counts[0] != 1 {
+		var expanded []benchRow
+		for _, n := range counts {
+			for _, r := range rows {
+				r.streams = n
+				r.name = fmt.Sprintf("%s, %d streams", r.name, n)
+				expanded = append(expanded, r)
+			}
+		}
+		rows = expanded
+	}
 	results := make([][]sample, len(rows))
 	for r := 0; r < *rounds; r++ {
 		for i, row := range rows {
@@ -133,7 +153,7 @@ func benchRun(bed *testbed.TAPBed, exe string, row benchRow, dur time.Duration, 
 	ctx, cancel := context.WithTimeout(context.Background(), dur+30*time.Second)
 	defer cancel()
 	cmd := bed.NS.Exec(ctx, exe, "send", "-addr", netip.AddrPortFrom(bed.StackAddr4.Addr(), benchPort).String(),
-		"-t", dur.String(), "-cc", cc, "-w", strconv.Itoa(wsize))
+		"-t", dur.String(), "-cc", cc, "-w", strconv.Itoa(wsize), "-P", strconv.Itoa(max(1, row.streams)))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	ru0, sys0 := rusage(), machineCPU()

@@ -104,9 +104,10 @@ func median(xs []float64) (med, lo, hi float64) {
 
 // benchRow is one configuration of the bench table.
 type benchRow struct {
-	name  string
-	pol   policy
-	stock bool // gVisor's stock fdbased endpoint instead of ustack's driver
+	name    string
+	streams int // parallel TCP streams (0 or 1: one)
+	pol     policy
+	stock   bool // gVisor's stock fdbased endpoint instead of ustack's driver
 }
 
 // defaultRows are the bench's configurations: {LRO on, off} x {hds auto,

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,11 +38,12 @@ func sendCmd(args []string) error {
 	mode := fs.String("mode", "tcp", "tcp (bulk), udp (datagrams of -size, -gso per write with UDP_SEGMENT; 0: one per write) or rr (request/response of -size bytes)")
 	size := fs.Int("size", 64, "udp datagram or rr message size")
 	gso := fs.Int("gso", 64, "udp: datagrams per write with UDP_SEGMENT (0 or 1: plain writes)")
+	streams := fs.Int("P", 1, "tcp: parallel connections")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *dur <= 0 || *dur > 10*time.Minute || *wsize <= 0 {
-		return usageError{errors.New("want 0 < -t <= 10m and -w > 0")}
+	if *dur <= 0 || *dur > 10*time.Minute || *wsize <= 0 || *streams < 1 || *streams > 64 {
+		return usageError{errors.New("want 0 < -t <= 10m, -w > 0 and 1 <= -P <= 64")}
 	}
 	switch *mode {
 	case "udp":
@@ -61,13 +64,16 @@ func sendCmd(args []string) error {
 		}
 		return nil
 	}}
-	c, err := d.Dial("tcp", *addr)
-	if err != nil {
-		return err
+	conns := make([]net.Conn, *streams)
+	for i := range conns {
+		c, err := d.Dial("tcp", *addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		conns[i] = c
 	}
-	defer c.Close()
-	tc := c.(*net.TCPConn)
-	rc, err := tc.SyscallConn()
+	rc, err := conns[0].(*net.TCPConn).SyscallConn()
 	if err != nil {
 		return err
 	}
@@ -79,15 +85,26 @@ func sendCmd(args []string) error {
 	}
 	start := time.Now()
 	deadline := start.Add(*dur)
-	c.SetWriteDeadline(deadline)
-	var sent int64
-	for sent < *max && time.Now().Before(deadline) {
-		n, err := c.Write(buf)
-		sent += int64(n)
-		if err != nil {
-			break
-		}
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		c.SetWriteDeadline(deadline)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var sent int64
+			for total.Load() < *max && time.Now().Before(deadline) {
+				n, err := c.Write(buf)
+				sent += int64(n)
+				total.Add(int64(n))
+				if err != nil {
+					break
+				}
+			}
+		}()
 	}
+	wg.Wait()
+	sent := total.Load()
 	el := time.Since(start)
 	return json.NewEncoder(os.Stdout).Encode(sendResult{Bytes: sent, Seconds: el.Seconds(), Congestion: got})
 }

@@ -1,0 +1,50 @@
+// Package xsk is an AF_XDP-style socket in user space: a UMEM region of
+// fixed-size frames, the four single-producer single-consumer rings of
+// AF_XDP (fill, completion, RX and TX) with free-running uint32 indexes,
+// and a Socket that plays the kernel's part, including the TX metadata of
+// Documentation/networking/xsk-tx-metadata.rst (checksum offload and
+// completion timestamps).
+//
+// # Roles
+//
+// The application produces on the fill and TX rings and consumes on the
+// RX and completion rings, through the libxdp-like Producer and Consumer
+// returned by Socket.Fill, Socket.TX, Socket.RX and Socket.Completion. The
+// socket consumes the TX ring in Kick (sendto's wakeup: validate, build a
+// virtio-net header, write header and frame to the Wire, complete) and
+// produces on the RX ring in Receive (XDP_REDIRECT into the socket).
+//
+// # Threading
+//
+// Each application side of a ring is driven by one goroutine at a time;
+// different rings may be driven from different goroutines. Kick may be
+// called from any number of goroutines concurrently (a mutex serialises
+// them, as the kernel's xs->mutex does); so may Receive, under a second
+// mutex, concurrently with Kick. Both run concurrently with the
+// application.
+//
+// # Ordering
+//
+// Completions appear on the completion ring in TX ring order, one per TX
+// descriptor (a multi-buffer packet completes each of its descriptors), for
+// sent and rejected descriptors alike. A requested TX timestamp is written
+// into the descriptor's metadata before its address is published on the
+// completion ring, so the application may read it as soon as it peeks the
+// address. The socket never writes packet data in the UMEM: frames are
+// copied into a per-socket scratch buffer, where a software checksum is
+// completed.
+//
+// # UMEM frame layout
+//
+// Frame i occupies [i*FrameSize, (i+1)*FrameSize). A TX descriptor's data
+// must lie in one frame, after the frame's Headroom and TxMetadataLen
+// bytes; the metadata is the TxMetadataLen bytes right before Addr
+// (Addr - TxMetadataLen, as in the kernel):
+//
+//	frame base                                          base+FrameSize
+//	|  Headroom  | xsk_tx_metadata |  packet data ...               |
+//	                               ^ Addr (UMEM.DataAddr(i) at the earliest)
+//
+// Receive puts a frame at UMEM.DataAddr of the fill address's frame, so an
+// RX descriptor is also a valid TX descriptor (forwarding).
+package xsk

@@ -1,0 +1,69 @@
+package xsk
+
+import "sync/atomic"
+
+// Stats are a socket's counters. Every field is safe to read while the
+// socket runs. Kick adds its TX counts once per call, not per packet, so a
+// reader sees them move in steps.
+type Stats struct {
+	TxPackets     atomic.Uint64 // tx_packets: packets written to the wire
+	TxBytes       atomic.Uint64 // tx_bytes: their bytes, virtio-net headers excluded
+	TxCsumOffload atomic.Uint64 // tx_csum_offload: checksum requests handed to the wire as NEEDS_CSUM
+	TxCsumSW      atomic.Uint64 // tx_csum_sw: checksum requests completed in software (XDP_UMEM_TX_SW_CSUM)
+	TxTimestamps  atomic.Uint64 // tx_timestamps: completion timestamps written
+	TxInvalid     atomic.Uint64 // tx_invalid_descs: descriptors rejected for address, length or options (one per oversized multi-buffer packet)
+	TxBadMetadata atomic.Uint64 // tx_bad_metadata: descriptors rejected for their metadata (none reserved, unknown flag, checksum outside the data, on a non-first chunk)
+	TxErrors      atomic.Uint64 // tx_errors: packets the wire's Write failed
+	TxCQFull      atomic.Uint64 // tx_cq_full: times Kick stopped with TX descriptors left because the completion ring was full
+	RxPackets     atomic.Uint64 // rx_packets: frames Receive posted on the RX ring
+	RxBytes       atomic.Uint64 // rx_bytes
+	RxNoFill      atomic.Uint64 // rx_dropped_no_fill: frames dropped because the fill ring was empty
+	RxRingFull    atomic.Uint64 // rx_ring_full: frames dropped because the RX ring was full
+	RxTooLong     atomic.Uint64 // rx_dropped_too_long: empty frames and frames longer than UMEM.DataRoom
+	RxInvalidFill atomic.Uint64 // rx_invalid_fill: fill ring addresses outside the UMEM, skipped
+}
+
+// Each calls fn for every counter, in a fixed order.
+func (s *Stats) Each(fn func(name string, v uint64)) {
+	fn("tx_packets", s.TxPackets.Load())
+	fn("tx_bytes", s.TxBytes.Load())
+	fn("tx_csum_offload", s.TxCsumOffload.Load())
+	fn("tx_csum_sw", s.TxCsumSW.Load())
+	fn("tx_timestamps", s.TxTimestamps.Load())
+	fn("tx_invalid_descs", s.TxInvalid.Load())
+	fn("tx_bad_metadata", s.TxBadMetadata.Load())
+	fn("tx_errors", s.TxErrors.Load())
+	fn("tx_cq_full", s.TxCQFull.Load())
+	fn("rx_packets", s.RxPackets.Load())
+	fn("rx_bytes", s.RxBytes.Load())
+	fn("rx_dropped_no_fill", s.RxNoFill.Load())
+	fn("rx_ring_full", s.RxRingFull.Load())
+	fn("rx_dropped_too_long", s.RxTooLong.Load())
+	fn("rx_invalid_fill", s.RxInvalidFill.Load())
+}
+
+// txCounts accumulates one Kick's TX counts, added to Stats at its end.
+type txCounts struct {
+	packets, bytes, csumOffload, csumSW, timestamps uint64
+	invalid, badMetadata, errors, cqFull            uint64
+}
+
+// addNonZero adds v to c unless it is 0: most counts of a Kick are, and an
+// atomic add is a locked instruction.
+func addNonZero(c *atomic.Uint64, v uint64) {
+	if v != 0 {
+		c.Add(v)
+	}
+}
+
+func (t *txCounts) flush(s *Stats) {
+	addNonZero(&s.TxPackets, t.packets)
+	addNonZero(&s.TxBytes, t.bytes)
+	addNonZero(&s.TxCsumOffload, t.csumOffload)
+	addNonZero(&s.TxCsumSW, t.csumSW)
+	addNonZero(&s.TxTimestamps, t.timestamps)
+	addNonZero(&s.TxInvalid, t.invalid)
+	addNonZero(&s.TxBadMetadata, t.badMetadata)
+	addNonZero(&s.TxErrors, t.errors)
+	addNonZero(&s.TxCQFull, t.cqFull)
+}
