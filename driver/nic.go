@@ -18,15 +18,12 @@ type nicState struct {
 	oneFrame bool
 
 	// The WQE being filled: its pages (one reference each, the NIC's; their
-	// sizes may differ when the pool's allocation order changes) with the
-	// WQE offset each starts at, the byte offset of the next free stride,
-	// its size, and its counter.
-	pages     []*bufpool.Page
-	pageStart []int
-	size      int
-	off       int
-	wqeSeq    uint32
-	posted    bool
+	// sizes may differ when the pool's allocation order changes), the byte
+	// offset of the next free stride, and its counter.
+	wqe    pageSet
+	off    int
+	wqeSeq uint32
+	posted bool
 
 	sess session // hardware GRO
 
@@ -52,8 +49,8 @@ func (n *nicState) init(d *Driver) {
 		n.wqeBytes = n.maxFrame
 	}
 	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
-	n.pages = make([]*bufpool.Page, 0, maxPages)
-	n.pageStart = make([]int, 0, maxPages)
+	n.wqe.pages = make([]*bufpool.Page, 0, maxPages)
+	n.wqe.start = make([]int, 0, maxPages)
 }
 
 func (d *Driver) nicLoop() {
@@ -260,7 +257,7 @@ func (n *nicState) place(a, b []byte) bool {
 		n.closeSession() // another kind of frame ends the session
 	}
 	size := len(a) + len(b)
-	if n.posted && n.off+size > n.size {
+	if n.posted && n.off+size > n.wqe.size {
 		n.retire() // the rest of the WQE is skipped, as mlx5's filler CQE does
 	}
 	if !n.posted && !n.post() {
@@ -282,56 +279,23 @@ func (n *nicState) place(a, b []byte) bool {
 	cqe.HWGRO, cqe.Match = false, false
 	cqe.NFrags = 0
 	off := n.off
-	n.dma(cqe, off, a)
-	n.dma(cqe, off+len(a), b)
+	n.wqe.write(cqe, off, a)
+	n.wqe.write(cqe, off+len(a), b)
 	n.prod++
 	n.pending++
 	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
 	d.stats.Strides.Add(uint64(strides))
 	n.off += strides * d.cfg.StrideSize
-	if n.oneFrame || n.off >= n.size {
+	if n.oneFrame || n.off >= n.wqe.size {
 		n.retire()
 	}
 	return true
 }
 
-// dma copies src to byte offset off of the WQE and records the pages it
-// touched in cqe, taking a reference on each new one.
-func (n *nicState) dma(cqe *CQE, off int, src []byte) {
-	pi := len(n.pages) - 1
-	for pi > 0 && n.pageStart[pi] > off {
-		pi--
-	}
-	for len(src) > 0 {
-		for off-n.pageStart[pi] >= len(n.pages[pi].Bytes()) {
-			pi++
-		}
-		pg, po := n.pages[pi], off-n.pageStart[pi]
-		c := copy(pg.Bytes()[po:], src)
-		if k := int(cqe.NFrags); k > 0 && cqe.Frags[k-1].Page == pg {
-			cqe.Frags[k-1].Len += uint32(c)
-		} else {
-			pg.IncRef()
-			cqe.Frags[k] = bufpool.Frag{Page: pg, Off: uint32(po), Len: uint32(c)}
-			cqe.NFrags++
-		}
-		src = src[c:]
-		off += c
-	}
-}
-
 // post takes the pages of a new WQE from the pool.
 func (n *nicState) post() bool {
-	n.size = 0
-	for n.size < n.wqeBytes {
-		pg, err := n.d.pool.Get()
-		if err != nil {
-			n.retire()
-			return false
-		}
-		n.pages = append(n.pages, pg)
-		n.pageStart = append(n.pageStart, n.size)
-		n.size += len(pg.Bytes())
+	if !n.wqe.fill(n.d.pool, n.wqeBytes) {
+		return false
 	}
 	n.off = 0
 	n.wqeSeq++
@@ -344,12 +308,7 @@ func (n *nicState) post() bool {
 // quarantine ring until the last packet using them is released (mlx4's
 // recycling, seed 001).
 func (n *nicState) retire() {
-	for i, pg := range n.pages {
-		n.d.pool.Recycle(pg)
-		n.pages[i] = nil
-	}
-	n.pages = n.pages[:0]
-	n.pageStart = n.pageStart[:0]
+	n.wqe.release(n.d.pool)
 	n.posted = false
 }
 

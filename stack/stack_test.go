@@ -98,45 +98,7 @@ func TestTCPBulkMem(t *testing.T) {
 			if tc.v6 {
 				addr = netip.MustParseAddrPort("[2001:db8::1]:9")
 			}
-			l, err := rx.ListenTCP(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			got := make(chan [32]byte, 1)
-			go func() {
-				c, err := l.Accept()
-				if err != nil {
-					close(got)
-					return
-				}
-				defer c.Close()
-				h := sha256.New()
-				io.Copy(h, c)
-				var sum [32]byte
-				h.Sum(sum[:0])
-				got <- sum
-			}()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			c, err := peer.DialTCP(ctx, addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(60 * time.Second))
-			want, err := sendAndHash(c, size, 64<<10, 1)
-			c.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case sum := <-got:
-				if sum != want {
-					t.Fatalf("sha256 of received bytes: got %x, want %x", sum, want)
-				}
-			case <-time.After(60 * time.Second):
-				t.Fatal("receiver did not finish")
-			}
+			bulkTo(t, rx, peer, addr, size)
 			st := rx.Driver().Stats()
 			if tc.dc.LRO && st.LROFrames.Load() == 0 {
 				t.Errorf("rx_lro_packets: got 0, want > 0 with LRO on")

@@ -50,8 +50,8 @@ func counterMap(s *Stack) map[string]uint64 {
 	return m
 }
 
-// bulkTo sends n bytes from peer to addr on rx and returns whether the
-// receiver's SHA-256 matched.
+// bulkTo sends n pseudo-random bytes over TCP from peer to a listener at
+// addr on rx and fails the test unless the SHA-256 of what arrived matches.
 func bulkTo(t *testing.T, rx, peer *Stack, addr netip.AddrPort, n int) {
 	t.Helper()
 	l, err := rx.ListenTCP(addr)
