@@ -316,10 +316,19 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 	var used uint32
 	for used < n {
 		d := *s.txc.Entry(idx + used)
-		if d.Options != 0 || s.dropRest {
+		if d.Options&OptPktContd != 0 || s.dropRest {
 			k, err := s.txPacket(idx+used, n-used, cidx+used, c)
 			used += k
 			if k == 0 || err != nil {
+				return used, err
+			}
+			continue
+		}
+		if d.Options != 0 {
+			// One descriptor with options: metadata, or invalid.
+			*s.cqp.Entry(cidx + used) = d.Addr
+			used++
+			if err := s.txSingle(d, c); err != nil {
 				return used, err
 			}
 			continue
@@ -353,6 +362,62 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 func (s *Socket) validDesc(d Desc) bool {
 	off := d.Addr & s.frameMask
 	return d.Len != 0 && d.Addr < s.umem.Size() && off >= s.umem.dataOff && off+uint64(d.Len) <= s.umem.frameSize
+}
+
+// txSingle sends a packet of one descriptor, d, that has options (d's
+// completion is the caller's).
+//
+// +checklocks:txMu
+func (s *Socket) txSingle(d Desc, c *txCounts) error {
+	if d.Options&^OptTxMetadata != 0 || !s.validDesc(d) {
+		c.invalid++
+		return nil
+	}
+	md, flags, ok := s.checkMetadata(d)
+	if !ok {
+		c.badMetadata++
+		return nil
+	}
+	b := s.scratch[:vnetHdrLen+int(d.Len)]
+	copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
+	return s.xmit(b, md, flags, c)
+}
+
+// xmit completes b's virtio-net header (and checksum, in software mode)
+// as md's flags ask, writes b to the wire and then, if asked, stores the
+// completion time in md. b is the scratch buffer: vnetHdrLen bytes of
+// header to fill, then the packet.
+//
+// +checklocks:txMu
+func (s *Socket) xmit(b []byte, md TxMetadata, flags uint64, c *txCounts) error {
+	clear(b[:vnetHdrLen])
+	if flags&TxmdChecksum != 0 {
+		start, csumOff := md.CsumStart(), md.CsumOffset()
+		if s.csumOffload {
+			// struct virtio_net_hdr: flags at 0, csum_start at 6 and
+			// csum_offset at 8, in host byte order (driver.VirtioNetHdr).
+			b[0] = vnetFNeedsCsum
+			binary.NativeEndian.PutUint16(b[6:8], start)
+			binary.NativeEndian.PutUint16(b[8:10], csumOff)
+			c.csumOffload++
+		} else {
+			completeChecksum(b[vnetHdrLen:], int(start), int(csumOff))
+			c.csumSW++
+		}
+	}
+	err := s.w.Write(b)
+	if err != nil {
+		c.errors++
+	} else {
+		c.packets++
+		c.bytes += uint64(len(b) - vnetHdrLen)
+	}
+	if flags&TxmdTimestamp != 0 {
+		// After the write and before Kick publishes the completion.
+		md.setTxTimestamp(s.clock())
+		c.timestamps++
+	}
+	return err
 }
 
 // txPacket consumes one packet's descriptors, starting at TX index idx with
@@ -433,39 +498,12 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 	}
 
 	b := s.scratch[:vnetHdrLen+total]
-	clear(b[:vnetHdrLen])
 	off := vnetHdrLen
 	for i := range k {
 		d := *s.txc.Entry(idx + i)
 		off += copy(b[off:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
 	}
-	if flags&TxmdChecksum != 0 {
-		start, csumOff := md.CsumStart(), md.CsumOffset()
-		if s.csumOffload {
-			// struct virtio_net_hdr: flags at 0, csum_start at 6 and
-			// csum_offset at 8, in host byte order (driver.VirtioNetHdr).
-			b[0] = vnetFNeedsCsum
-			binary.NativeEndian.PutUint16(b[6:8], start)
-			binary.NativeEndian.PutUint16(b[8:10], csumOff)
-			c.csumOffload++
-		} else {
-			completeChecksum(b[vnetHdrLen:], int(start), int(csumOff))
-			c.csumSW++
-		}
-	}
-	err := s.w.Write(b)
-	if err != nil {
-		c.errors++
-	} else {
-		c.packets++
-		c.bytes += uint64(total)
-	}
-	if flags&TxmdTimestamp != 0 {
-		// After the write and before Kick publishes the completion.
-		md.setTxTimestamp(s.clock())
-		c.timestamps++
-	}
-	return k, err
+	return k, s.xmit(b, md, flags, c)
 }
 
 // checkMetadata returns the metadata of a valid first descriptor d that
