@@ -32,6 +32,8 @@ func main() {
 		err = benchCmd(args)
 	case "send":
 		err = sendCmd(args)
+	case "xskgen":
+		err = xskgenCmd(args)
 	case "-h", "-help", "--help", "help":
 		fmt.Println("usage: ustack run|bench [flags]   (ustack <command> -h for flags)")
 		return

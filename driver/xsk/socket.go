@@ -342,7 +342,7 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 			continue
 		}
 		b := s.scratch[:vnetHdrLen+int(d.Len)]
-		b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9] = 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
+		clear(b[:vnetHdrLen]) // no offload requested
 		copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
 		if err := s.w.Write(b); err != nil {
 			c.errors++
