@@ -1,0 +1,509 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/driver/xsk"
+	"github.com/ustack/ustack/internal/testbed"
+)
+
+// xskgen modes, after the seed's xskgen: plain (a socket without TX
+// metadata), fill (-M: metadata reserved and filled in, XDP_TX_METADATA
+// not set) and request (-m: checksum offload and TX timestamp requested).
+const (
+	xskPlain = iota
+	xskFill
+	xskRequest
+	numXSKModes
+)
+
+var xskModeNames = [numXSKModes]string{"plain", "-M fill", "-m request"}
+
+const (
+	xskgenPort      = 9000
+	xskgenSrcPort   = 40000
+	xskgenFrames    = 4096
+	xskgenFrameSize = 2048
+	xskgenRingSize  = 2048
+	// xskgenRcvbuf is the kernel receiver's SO_RCVBUFFORCE: enough to
+	// hold a burst while its goroutine catches up.
+	xskgenRcvbuf = 64 << 20
+)
+
+// xskgenCmd is `ustack xskgen`: the seed's xskgen over an XSK socket on a
+// TAP. It sends COUNT UDP/IPv4 frames of SIZE payload bytes to a kernel
+// UDP socket in the TAP's namespace and reports the send path's cost per
+// packet (the application loop, Kick and the TAP writes; the kernel's
+// receive processing up to the socket queue runs inside each TAP write,
+// the receiving socket's reads run on another goroutine and are not
+// timed).
+func xskgenCmd(args []string) error {
+	fs := flag.NewFlagSet("xskgen", flag.ContinueOnError)
+	size := fs.Int("s", 1400, "UDP payload bytes per frame (1-1472)")
+	count := fs.Int("n", 1_000_000, "frames to send (per mode when all three run)")
+	fill := fs.Bool("M", false, "only mode -M: fill in the TX metadata, but do not set XDP_TX_METADATA")
+	request := fs.Bool("m", false, "only mode -m: request checksum offload and a TX timestamp")
+	rounds := fs.Int("rounds", 10, "without -M/-m: rounds the three modes are interleaved in")
+	batch := fs.Int("b", 64, "descriptors submitted per Kick")
+	maxTime := fs.Duration("t", 2*time.Minute, "stop sending after this long")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *size < 1 || *size > 1472:
+		return usageError{errors.New("want 1 <= -s <= 1472 (an MTU of 1500)")}
+	case *count < 1 || *count > 100_000_000:
+		return usageError{errors.New("want 1 <= -n <= 100000000")}
+	case *rounds < 1 || *rounds > 1000:
+		return usageError{errors.New("want 1 <= -rounds <= 1000")}
+	case *batch < 1 || *batch > xskgenRingSize:
+		return usageError{fmt.Errorf("want 1 <= -b <= %d", xskgenRingSize)}
+	case *maxTime <= 0 || *maxTime > 30*time.Minute:
+		return usageError{errors.New("want 0 < -t <= 30m")}
+	}
+	modes := []int{xskPlain, xskFill, xskRequest}
+	switch {
+	case *request:
+		modes, *rounds = []int{xskRequest}, 1
+	case *fill:
+		modes, *rounds = []int{xskFill}, 1
+	}
+
+	var cl closerList
+	stop := testbed.CleanupOnSignal(&cl)
+	defer stop()
+	defer cl.Close()
+	g, err := newXSKGen(&cl, *size, *batch)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("xskgen: %d-byte frames (%d of UDP payload) to %v on %s in %s, %s, %d per Kick\n",
+		g.frameLen, *size, g.dst, g.bed.TAPName, g.bed.NS.Name, plural(len(modes), "mode"), *batch)
+	snmpBefore, err := g.udpSNMP()
+	if err != nil {
+		return err
+	}
+
+	// Rounds: each sends its share of count in every mode, in an order
+	// rotated by round so that no mode always runs first.
+	var res [numXSKModes]xskResult
+	deadline := time.Now().Add(*maxTime)
+	for r := 0; r < *rounds && time.Now().Before(deadline); r++ {
+		n := *count / *rounds
+		if r < *count%*rounds {
+			n++
+		}
+		for i := range modes {
+			m := modes[(r+i)%len(modes)]
+			rr, err := g.round(m, n, deadline)
+			res[m].add(rr)
+			if err != nil {
+				return fmt.Errorf("%s: %w", xskModeNames[m], err)
+			}
+		}
+	}
+
+	var total uint64
+	for _, m := range modes {
+		r := &res[m]
+		total += r.packets
+		bits := r.packets * uint64(g.frameLen) * 8
+		sec := r.loop.Seconds()
+		fmt.Printf("%-10s  sent %d packets %d bits, took %f sec, %f gbps %f mpps\n",
+			xskModeNames[m], r.packets, bits, sec, float64(bits)/sec/1e9, float64(r.packets)/sec/1e6)
+	}
+	got := g.waitReceived(total)
+	snmpAfter, err := g.udpSNMP()
+	if err != nil {
+		return err
+	}
+	d := func(name string) int64 { return int64(snmpAfter[name]) - int64(snmpBefore[name]) }
+	fmt.Printf("kernel UDP socket received %d of %d datagrams (UdpInDatagrams +%d, RcvbufErrors +%d, InCsumErrors +%d, NoPorts +%d)\n",
+		got, total, d("InDatagrams"), d("RcvbufErrors"), d("InCsumErrors"), d("NoPorts"))
+	for _, m := range modes {
+		fmt.Printf("%-10s  counters: %s\n", xskModeNames[m], xskNonZero(g.socks[m]))
+	}
+	if len(modes) > 1 {
+		printXSKComparison(res[:], *rounds)
+	}
+	if d("InCsumErrors") != 0 {
+		return fmt.Errorf("the kernel counted %d UDP checksum errors", d("InCsumErrors"))
+	}
+	if d("InDatagrams")+d("RcvbufErrors") < int64(total) {
+		return fmt.Errorf("the kernel took %d of %d datagrams (InDatagrams+RcvbufErrors)", d("InDatagrams")+d("RcvbufErrors"), total)
+	}
+	return nil
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// xskResult sums a mode's rounds.
+type xskResult struct {
+	packets uint64
+	loop    time.Duration // submit, Kick and reap, first submission to last completion
+	kick    time.Duration // inside Kick
+	perPkt  []float64     // each round's loop ns/packet
+}
+
+func (r *xskResult) add(o xskResult) {
+	r.packets += o.packets
+	r.loop += o.loop
+	r.kick += o.kick
+	r.perPkt = append(r.perPkt, o.perPkt...)
+}
+
+func (r *xskResult) nsPerPacket() float64 {
+	return float64(r.loop.Nanoseconds()) / float64(max(r.packets, 1))
+}
+
+func (r *xskResult) kickNsPerPacket() float64 {
+	return float64(r.kick.Nanoseconds()) / float64(max(r.packets, 1))
+}
+
+// printXSKComparison prints every mode's cost per packet and its
+// difference against plain, as the seed's reviewer worked it out from
+// mpps: (1/mpps(plain) - 1/mpps(mode)) * 1e3 ns is the negated difference.
+func printXSKComparison(res []xskResult, rounds int) {
+	base := &res[xskPlain]
+	fmt.Printf("per packet over %d interleaved rounds (loop = application + Kick + TAP write; kick = inside Kick):\n", rounds)
+	fmt.Printf("  %-10s  %12s  %12s  %12s  %12s  %22s\n", "mode", "loop ns/pkt", "vs plain", "kick ns/pkt", "vs plain", "rounds min/median/max")
+	for m := range res {
+		r := &res[m]
+		s := slices.Clone(r.perPkt)
+		slices.Sort(s)
+		spread := "-"
+		if len(s) > 0 {
+			spread = fmt.Sprintf("%.1f/%.1f/%.1f", s[0], s[len(s)/2], s[len(s)-1])
+		}
+		diff, kdiff := "-", "-"
+		if m != xskPlain {
+			diff = fmt.Sprintf("%+.1f ns", r.nsPerPacket()-base.nsPerPacket())
+			kdiff = fmt.Sprintf("%+.1f ns", r.kickNsPerPacket()-base.kickNsPerPacket())
+		}
+		fmt.Printf("  %-10s  %12.1f  %12s  %12.1f  %12s  %22s\n", xskModeNames[m], r.nsPerPacket(), diff, r.kickNsPerPacket(), kdiff, spread)
+	}
+}
+
+// xskGen is the generator's state: the bed, the TAP, one socket per mode
+// with every UMEM frame holding the frame to send, and the kernel receiver.
+type xskGen struct {
+	bed      *testbed.TAPBed
+	tap      *driver.TAP
+	conn     *net.UDPConn
+	dst      netip.AddrPort
+	frameLen int
+	batch    uint32
+	full     uint16 // UDP checksum of the frame
+	pseudo   uint16 // its pseudo-header sum
+	socks    [numXSKModes]*xsk.Socket
+	free     [numXSKModes][]uint64 // addresses of frames not in flight
+
+	received atomic.Uint64 // datagrams the kernel socket delivered
+}
+
+// csumStart and csumOffset locate the UDP checksum: after the Ethernet and
+// IPv4 headers, 6 bytes into the UDP header.
+const (
+	xskCsumStart  = header.EthernetMinimumSize + header.IPv4MinimumSize
+	xskCsumOffset = 6
+)
+
+func newXSKGen(cl *closerList, size, batch int) (*xskGen, error) {
+	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "usxskgen", TAPName: "xskgen0"})
+	if err != nil {
+		return nil, err
+	}
+	cl.add(bed)
+	g := &xskGen{bed: bed, batch: uint32(batch)}
+	if err := bed.Open(func() error {
+		tap, err := driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
+		if err != nil {
+			return err
+		}
+		g.tap = tap
+		cl.add(tap) // closed before the bed
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	mac, err := g.tap.HardwareAddr()
+	if err != nil {
+		return nil, err
+	}
+	g.dst = netip.AddrPortFrom(bed.KernelAddr4.Addr(), xskgenPort)
+	g.conn, err = bed.NS.ListenUDP(g.dst)
+	if err != nil {
+		return nil, err
+	}
+	cl.add(g.conn)
+	if rc, err := g.conn.SyscallConn(); err == nil {
+		var serr error
+		rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, xskgenRcvbuf)
+		})
+		if serr != nil {
+			return nil, fmt.Errorf("SO_RCVBUFFORCE: %w", serr)
+		}
+	}
+	go g.receive()
+
+	frame := g.buildFrame(mac, netip.AddrPortFrom(bed.StackAddr4.Addr(), xskgenSrcPort), size)
+	g.frameLen = len(frame)
+	for m := range numXSKModes {
+		cfg := xsk.Config{NumFrames: xskgenFrames, FrameSize: xskgenFrameSize, CsumOffload: true,
+			TxSize: xskgenRingSize, CompSize: xskgenRingSize}
+		if m != xskPlain {
+			cfg.TxMetadata = true
+		}
+		s, err := xsk.New(cfg, g.tap)
+		if err != nil {
+			return nil, err
+		}
+		g.socks[m] = s
+		u := s.UMEM()
+		for i := range u.NumFrames() {
+			addr := u.DataAddr(i)
+			copy(u.Data(addr, len(frame)), frame)
+			g.free[m] = append(g.free[m], addr)
+		}
+	}
+	return g, nil
+}
+
+// buildFrame returns the UDP/IPv4 frame to the kernel socket, with the
+// full checksum in place, and records the full and pseudo-header sums.
+func (g *xskGen) buildFrame(dstMAC net.HardwareAddr, src netip.AddrPort, size int) []byte {
+	const l2, l3, l4 = header.EthernetMinimumSize, header.IPv4MinimumSize, header.UDPMinimumSize
+	b := make([]byte, l2+l3+l4+size)
+	header.Ethernet(b).Encode(&header.EthernetFields{
+		SrcAddr: tcpip.LinkAddress("\x02\x00\x00\x00\x00\x02"),
+		DstAddr: tcpip.LinkAddress(dstMAC),
+		Type:    header.IPv4ProtocolNumber,
+	})
+	srcA, dstA := tcpip.AddrFrom4(src.Addr().As4()), tcpip.AddrFrom4(g.dst.Addr().As4())
+	ip := header.IPv4(b[l2:])
+	ip.Encode(&header.IPv4Fields{TotalLength: uint16(len(b) - l2), TTL: 64, Protocol: uint8(header.UDPProtocolNumber), SrcAddr: srcA, DstAddr: dstA})
+	ip.SetChecksum(^ip.CalculateChecksum())
+	seg := b[l2+l3:]
+	header.UDP(seg).Encode(&header.UDPFields{SrcPort: src.Port(), DstPort: g.dst.Port(), Length: uint16(len(seg))})
+	for i := range seg[l4:] {
+		seg[l4+i] = byte(i)
+	}
+	g.pseudo = header.PseudoHeaderChecksum(header.UDPProtocolNumber, srcA, dstA, uint16(len(seg)))
+	header.UDP(seg).SetChecksum(g.pseudo)
+	g.full = ^checksum.Checksum(seg, 0)
+	if g.full == 0 {
+		g.full = 0xffff
+	}
+	header.UDP(seg).SetChecksum(g.full)
+	return b
+}
+
+// receive counts the datagrams the kernel socket delivers until it is
+// closed.
+func (g *xskGen) receive() {
+	buf := make([]byte, 2048)
+	for {
+		if _, err := g.conn.Read(buf); err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		g.received.Add(1)
+	}
+}
+
+// waitReceived waits, at most 3 s, until the receiver has counted want
+// datagrams or stopped counting, and returns its count.
+func (g *xskGen) waitReceived(want uint64) uint64 {
+	deadline := time.Now().Add(3 * time.Second)
+	last, lastChange := g.received.Load(), time.Now()
+	for last < want && time.Now().Before(deadline) && time.Since(lastChange) < 300*time.Millisecond {
+		time.Sleep(10 * time.Millisecond)
+		if n := g.received.Load(); n != last {
+			last, lastChange = n, time.Now()
+		}
+	}
+	return g.received.Load()
+}
+
+// udpSNMP returns the Udp counters of the bed's namespace.
+func (g *xskGen) udpSNMP() (map[string]uint64, error) {
+	var data []byte
+	err := g.bed.NS.Do(func() error {
+		var err error
+		// thread-self: /proc/net follows the process's main thread.
+		data, err = os.ReadFile("/proc/thread-self/net/snmp")
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read snmp: %w", err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		m := map[string]uint64{}
+		for i := 1; i < len(f) && i < len(names); i++ {
+			m[names[i]], _ = strconv.ParseUint(f[i], 10, 64)
+		}
+		return m, nil
+	}
+	return nil, errors.New("read snmp: no Udp counters")
+}
+
+// round sends n frames in mode m, in batches of g.batch per Kick, and
+// returns the time it took, from the first submission to the last
+// completion reaped. It stops early at deadline.
+func (g *xskGen) round(m, n int, deadline time.Time) (xskResult, error) {
+	s := g.socks[m]
+	u := s.UMEM()
+	free := g.free[m]
+	// Outside the timing: the checksum field the mode needs, and -M's
+	// metadata (a -m round's timestamps overwrite the request's offsets).
+	for _, addr := range free {
+		csum := g.full
+		if m == xskRequest {
+			csum = g.pseudo
+		}
+		checksum.Put(u.Data(addr+xskCsumStart+xskCsumOffset, 2), csum)
+		if m == xskFill {
+			md := u.Metadata(addr)
+			md.SetFlags(xsk.TxmdChecksum | xsk.TxmdTimestamp)
+			md.SetChecksumRequest(xskCsumStart, xskCsumOffset)
+		}
+	}
+	if len(free) != u.NumFrames() {
+		return xskResult{}, fmt.Errorf("%d of %d frames in flight before the round", u.NumFrames()-len(free), u.NumFrames())
+	}
+	before := s.Stats().TxPackets.Load()
+	var kick time.Duration
+	var lastAddr uint64
+	submitted, completed := 0, 0
+	start := time.Now()
+	for completed < submitted || submitted < n {
+		if submitted < n && time.Now().After(deadline) {
+			n = submitted // out of time: finish what is in flight
+		}
+		c, cidx := s.Completion().Peek(xskgenRingSize)
+		for i := range c {
+			lastAddr = *s.Completion().Entry(cidx + i)
+			free = append(free, lastAddr)
+		}
+		s.Completion().Release(c)
+		completed += int(c)
+
+		k := min(g.batch, uint32(len(free)), uint32(n-submitted))
+		if k > 0 {
+			got, idx := s.TX().Reserve(k)
+			for i := range got {
+				addr := free[len(free)-1]
+				free = free[:len(free)-1]
+				d := xsk.Desc{Addr: addr, Len: uint32(g.frameLen)}
+				if m == xskRequest {
+					// Every time: a timestamp overwrites the offsets.
+					md := u.Metadata(addr)
+					md.SetFlags(xsk.TxmdChecksum | xsk.TxmdTimestamp)
+					md.SetChecksumRequest(xskCsumStart, xskCsumOffset)
+					d.Options = xsk.OptTxMetadata
+				}
+				*s.TX().Entry(idx + i) = d
+			}
+			s.TX().Submit(got)
+			submitted += int(got)
+		}
+		t0 := time.Now()
+		_, err := s.Kick()
+		kick += time.Since(t0)
+		if err != nil {
+			g.free[m] = free
+			return xskResult{}, err
+		}
+	}
+	el := time.Since(start)
+	g.free[m] = free
+	sent := s.Stats().TxPackets.Load() - before
+	if sent != uint64(n) {
+		return xskResult{}, fmt.Errorf("sent %d of %d frames; counters %s", sent, n, xskNonZero(s))
+	}
+	if m == xskRequest && n > 0 {
+		if ts := u.Metadata(lastAddr).TxTimestamp(); ts == 0 || ts > s.Now() {
+			return xskResult{}, fmt.Errorf("TX timestamp %d of the last frame not in (0, %d]", ts, s.Now())
+		}
+	}
+	r := xskResult{packets: sent, loop: el, kick: kick}
+	if n > 0 {
+		r.perPkt = []float64{float64(el.Nanoseconds()) / float64(n)}
+	}
+	return r, nil
+}
+
+func xskNonZero(s *xsk.Socket) string {
+	var out []string
+	s.Stats().Each(func(name string, v uint64) {
+		if v != 0 {
+			out = append(out, fmt.Sprintf("%s=%d", name, v))
+		}
+	})
+	return strings.Join(out, " ")
+}
+
+// closerList closes what was added to it, last first, once. It is the
+// io.Closer handed to testbed.CleanupOnSignal before everything exists.
+type closerList struct {
+	mu sync.Mutex
+	cs []io.Closer
+}
+
+func (l *closerList) add(c io.Closer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cs = append(l.cs, c)
+}
+
+// Close closes every closer, last added first, and forgets them.
+func (l *closerList) Close() error {
+	l.mu.Lock()
+	cs := l.cs
+	l.cs = nil
+	l.mu.Unlock()
+	var errs []error
+	for i := len(cs) - 1; i >= 0; i-- {
+		if err := cs[i].Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

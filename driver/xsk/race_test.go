@@ -1,0 +1,5 @@
+//go:build race
+
+package xsk
+
+const raceEnabled = true
