@@ -123,6 +123,11 @@ type Socket struct {
 	// scratch holds the virtio-net header and the packet being written.
 	// +checklocks:txMu
 	scratch []byte
+	// tsPending are the metadata areas of the batch's packets that asked
+	// for a TX timestamp: one clock read after the batch's writes serves
+	// them all, before the batch's completions are published.
+	// +checklocks:txMu
+	tsPending []TxMetadata
 	// dropRest is set while Kick discards the remaining descriptors of a
 	// multi-buffer packet that had more than MaxFrags.
 	// +checklocks:txMu
@@ -215,6 +220,7 @@ func New(cfg Config, w Wire) (*Socket, error) {
 		frags = MaxFrags
 	}
 	s.scratch = make([]byte, vnetHdrLen+frags*s.umem.DataRoom())
+	s.tsPending = make([]TxMetadata, 0, kickBatch)
 	return s, nil
 }
 
@@ -285,6 +291,7 @@ func (s *Socket) Kick() (int, error) {
 		_, cidx := s.cqp.Reserve(n) // cannot fail: Free said n
 		var used uint32
 		used, err = s.txBatch(idx, n, cidx, &c)
+		s.stampPending()
 		if used < n {
 			s.txc.Cancel(n - used)
 			s.cqp.Cancel(n - used)
@@ -304,6 +311,21 @@ func (s *Socket) Kick() (int, error) {
 		err = fmt.Errorf("xsk: write: %w", err)
 	}
 	return int(total), err
+}
+
+// stampPending writes one completion time, read after the batch's last
+// write, into every metadata area of the batch that asked for a timestamp.
+// +checklocks:s.txMu
+func (s *Socket) stampPending() {
+	if len(s.tsPending) == 0 {
+		return
+	}
+	now := s.clock()
+	for i, md := range s.tsPending {
+		md.setTxTimestamp(now)
+		s.tsPending[i] = nil
+	}
+	s.tsPending = s.tsPending[:0]
 }
 
 // txBatch consumes the n TX descriptors peeked from idx, writing their
@@ -413,8 +435,9 @@ func (s *Socket) xmit(b []byte, md TxMetadata, flags uint64, c *txCounts) error 
 		c.bytes += uint64(len(b) - vnetHdrLen)
 	}
 	if flags&TxmdTimestamp != 0 {
-		// After the write and before Kick publishes the completion.
-		md.setTxTimestamp(s.clock())
+		// Stamped after the batch's last write, before Kick publishes
+		// the completions (stampPending).
+		s.tsPending = append(s.tsPending, md)
 		c.timestamps++
 	}
 	return err
