@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,34 +70,15 @@ func (f xskFrame) withChecksum(v uint16) []byte {
 // inside it.
 func udpInCsumErrors(t *testing.T, ns *testbed.Netns) uint64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := ns.Exec(ctx, "cat", "/proc/net/snmp").Output()
+	m, err := ns.SNMP("Udp")
 	if err != nil {
-		t.Fatalf("read /proc/net/snmp in %s: %v", ns.Name, err)
+		t.Fatal(err)
 	}
-	var names []string
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || f[0] != "Udp:" {
-			continue
-		}
-		if names == nil {
-			names = f
-			continue
-		}
-		for i, name := range names {
-			if name == "InCsumErrors" && i < len(f) {
-				v, err := strconv.ParseUint(f[i], 10, 64)
-				if err != nil {
-					t.Fatalf("UdpInCsumErrors %q: %v", f[i], err)
-				}
-				return v
-			}
-		}
+	v, ok := m["InCsumErrors"]
+	if !ok {
+		t.Fatalf("no Udp InCsumErrors in %s's /proc/net/snmp", ns.Name)
 	}
-	t.Fatalf("no Udp InCsumErrors in %s's /proc/net/snmp:\n%s", ns.Name, out)
-	return 0
+	return v
 }
 
 // TestXSKChecksumThroughKernel proves the XSK socket's TX checksum request

@@ -9,9 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,35 +352,7 @@ func (g *xskGen) waitReceived(want uint64) uint64 {
 }
 
 // udpSNMP returns the Udp counters of the bed's namespace.
-func (g *xskGen) udpSNMP() (map[string]uint64, error) {
-	var data []byte
-	err := g.bed.NS.Do(func() error {
-		var err error
-		// thread-self: /proc/net follows the process's main thread.
-		data, err = os.ReadFile("/proc/thread-self/net/snmp")
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read snmp: %w", err)
-	}
-	var names []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || f[0] != "Udp:" {
-			continue
-		}
-		if names == nil {
-			names = f
-			continue
-		}
-		m := map[string]uint64{}
-		for i := 1; i < len(f) && i < len(names); i++ {
-			m[names[i]], _ = strconv.ParseUint(f[i], 10, 64)
-		}
-		return m, nil
-	}
-	return nil, errors.New("read snmp: no Udp counters")
-}
+func (g *xskGen) udpSNMP() (map[string]uint64, error) { return g.bed.NS.SNMP("Udp") }
 
 // round sends n frames in mode m, in batches of g.batch per Kick, and
 // returns the time it took, from the first submission to the last

@@ -273,3 +273,35 @@ func NewVethPair(a, b *Netns, nameA, nameB string, mtu int) error {
 	}
 	return nil
 }
+
+// SNMP returns the counters of one protocol line of the namespace's
+// /proc/net/snmp ("Udp", "Tcp", "Ip", ...), by name.
+func (n *Netns) SNMP(proto string) (map[string]uint64, error) {
+	var data []byte
+	err := n.Do(func() error {
+		var err error
+		// thread-self: /proc/net follows the calling thread's namespace.
+		data, err = os.ReadFile("/proc/thread-self/net/snmp")
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read snmp in %s: %w", n.Name, err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != proto+":" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		m := map[string]uint64{}
+		for i := 1; i < len(f) && i < len(names); i++ {
+			m[names[i]], _ = strconv.ParseUint(f[i], 10, 64)
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("read snmp in %s: no %s counters", n.Name, proto)
+}
