@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"io"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -144,4 +145,53 @@ func TestXDPDropPort(t *testing.T) {
 	}
 	// Other ports still pass.
 	bulkTo(t, rx, peer, netip.MustParseAddrPort("192.0.2.1:5001"), 1<<20)
+}
+
+// reflector is an XDP program that sends UDP datagrams to port 7 straight
+// back out of the wire (XDP_TX), with addresses and ports swapped: the UDP
+// checksum stays valid, as the swap does not change the sum.
+type reflector struct{}
+
+func (reflector) Run(p *bufpool.Packet) (cpumap.Action, int) {
+	l := p.Linear
+	if len(l) < 14+20+8 || l[12] != 0x08 || l[13] != 0x00 || l[14+9] != 17 || l[14+20+2] != 0 || l[14+20+3] != 7 {
+		return cpumap.Pass, 0
+	}
+	var mac [6]byte
+	copy(mac[:], l[0:6])
+	copy(l[0:6], l[6:12])
+	copy(l[6:12], mac[:])
+	var ip [4]byte
+	copy(ip[:], l[26:30])
+	copy(l[26:30], l[30:34])
+	copy(l[30:34], ip[:])
+	u := l[34:]
+	u[0], u[1], u[2], u[3] = u[2], u[3], u[0], u[1]
+	return cpumap.TX, 0
+}
+
+func TestXDPTX(t *testing.T) {
+	rx, peer := pairConfig(t, Config{XDP: reflector{}})
+	udpBurst(t, peer, netip.MustParseAddrPort("192.0.2.1:1"), 1, 10) // neighbours resolved
+	pu, err := peer.ListenUDP(netip.MustParseAddrPort("192.0.2.2:6000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pu.Close()
+	msg := []byte("reflect me, XDP")
+	if _, err := pu.WriteTo(msg, net.UDPAddrFromAddrPort(netip.MustParseAddrPort("192.0.2.1:7"))); err != nil {
+		t.Fatal(err)
+	}
+	pu.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	n, from, err := pu.ReadFrom(buf)
+	if err != nil {
+		t.Fatalf("reflected datagram: %v (rx_xdp_tx %d)", err, counterMap(rx)["rx_xdp_tx"])
+	}
+	if string(buf[:n]) != string(msg) || from.String() != "192.0.2.1:7" {
+		t.Errorf("reflected datagram: got %q from %v, want %q from 192.0.2.1:7", buf[:n], from, msg)
+	}
+	if c := counterMap(rx); c["rx_xdp_tx"] != 1 || c["rx_xdp_tx_errors"] != 0 {
+		t.Errorf("rx_xdp_tx %d, rx_xdp_tx_errors %d: want 1 and 0", c["rx_xdp_tx"], c["rx_xdp_tx_errors"])
+	}
 }
