@@ -232,3 +232,5 @@ func TestReadingReleasesPages(t *testing.T) {
 		}
 	}
 }
+
+func netipAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -13,6 +14,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
@@ -29,6 +33,7 @@ func runCmd(args []string) error {
 		stats   = fs.Duration("stats", 0, "print counters every DURATION (0: only at exit)")
 		pcap    = fs.String("pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
 		pcapW   = fs.String("pcap-wire", "", "write the frames as read from the TAP to this pcap file")
+		metrics = fs.String("metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)")
 	)
 	pol.register(fs)
 	fs.Var(&addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
@@ -122,6 +127,25 @@ func runCmd(args []string) error {
 			start(func() error { return stack.ServeDiscard(l, nil) })
 			start(func() error { return stack.ServeUDPDiscard(u, nil, nil) })
 		}
+	}
+	if *metrics != "" {
+		ml, err := net.Listen("tcp", *metrics)
+		if err != nil {
+			s.Close()
+			return usageError{fmt.Errorf("-metrics %q: %w", *metrics, err)}
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(stack.NewCollector(s))
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		closers = append(closers, srv)
+		start(func() error {
+			if err := srv.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
 	}
 	fmt.Fprintf(os.Stderr, "ustack: on %s as %v, %s (mac %s)\n", *tap, addrs, pol.String(), net.HardwareAddr(stack.DefaultMAC[:]))
 

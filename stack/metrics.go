@@ -1,0 +1,43 @@
+package stack
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports a Stack's counters as Prometheus metrics, one per
+// counter, named ustack_<counter> (gauges for the few that are levels, such
+// as rx_pp_pages_in_use; counters otherwise). Register it with a
+// prometheus.Registry and serve that with promhttp.
+type Collector struct {
+	s *Stack
+}
+
+// NewCollector returns a Collector for s.
+func NewCollector(s *Stack) *Collector { return &Collector{s: s} }
+
+// Describe implements prometheus.Collector. The set of counters depends on
+// the stack's configuration, so the collector is unchecked.
+func (c *Collector) Describe(chan<- *prometheus.Desc) {}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.s.EachCounter(func(name string, v uint64) {
+		typ, help := prometheus.CounterValue, "ustack counter "+name+" (see README.md, Counters)."
+		if isGauge(name) {
+			typ = prometheus.GaugeValue
+		}
+		desc := prometheus.NewDesc("ustack_"+name, help, nil, nil)
+		ch <- prometheus.MustNewConstMetric(desc, typ, float64(v))
+	})
+}
+
+// isGauge reports the counters that are levels rather than totals.
+func isGauge(name string) bool {
+	switch name {
+	case "rx_pp_pages_in_use", "rx_pp_bytes_held", "rx_pp_alloc_order", "tcp_established", "rx_gro_held_max":
+		return true
+	}
+	return strings.HasSuffix(name, "_current")
+}

@@ -1,0 +1,49 @@
+package stack
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ustack/ustack/driver"
+)
+
+func TestCollector(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	udpBurst(t, peer, netipAP("192.0.2.1:9"), 3, 100)
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(NewCollector(rx)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := testutil.GatherAndCount(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(rx.Counters()); n != want {
+		t.Errorf("metrics: got %d, want one per counter (%d)", n, want)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "ustack_rx_packets" {
+			found = true
+			if v := mf.GetMetric()[0].GetCounter().GetValue(); v < 3 {
+				t.Errorf("ustack_rx_packets: got %v, want >= 3", v)
+			}
+			if !strings.Contains(mf.GetHelp(), "rx_packets") {
+				t.Errorf("help text %q does not name the counter", mf.GetHelp())
+			}
+		}
+		if mf.GetName() == "ustack_rx_pp_pages_in_use" && mf.GetMetric()[0].GetGauge() == nil {
+			t.Errorf("ustack_rx_pp_pages_in_use: want a gauge")
+		}
+	}
+	if !found {
+		t.Errorf("no ustack_rx_packets metric")
+	}
+}
