@@ -3,6 +3,7 @@ package stack
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -13,6 +14,10 @@ import (
 func TestCollector(t *testing.T) {
 	rx, peer := pair(t, driver.Config{})
 	udpBurst(t, peer, netipAP("192.0.2.1:9"), 3, 100)
+	// The burst is sent; wait until the receiver has polled it.
+	for deadline := time.Now().Add(5 * time.Second); counterMap(rx)["rx_packets"] < 3 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(NewCollector(rx)); err != nil {
 		t.Fatal(err)
