@@ -139,6 +139,9 @@ func TestXDPDropPort(t *testing.T) {
 	if n, _, err := u.ReadFrom(make([]byte, 2000)); err == nil {
 		t.Errorf("a datagram to the dropped port arrived (%d bytes)", n)
 	}
+	for deadline := time.Now().Add(5 * time.Second); counterMap(rx)["rx_xdp_drop"] < 10 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	c := counterMap(rx)
 	if c["rx_xdp_drop"] < 10 {
 		t.Errorf("rx_xdp_drop: got %d, want >= 10", c["rx_xdp_drop"])
