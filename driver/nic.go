@@ -26,6 +26,7 @@ type nicState struct {
 	posted bool
 
 	sess session // hardware GRO
+	now  int64   // arrival time of the current read (hardware GRO only)
 
 	prod    uint32 // next CQE to write; published to d.prod in batches
 	pending int    // CQEs written since the last publish
@@ -103,6 +104,9 @@ func (n *nicState) receive(b []byte) {
 	}
 	frame := b[VirtioNetHdrLen:]
 	st.WireBytes.Add(uint64(len(frame)))
+	if d.cfg.HWGRO != HWGROOff {
+		n.now = d.clock() // one arrival time for every frame of this read
+	}
 	if t := d.cfg.WireTap; t != nil {
 		t.WriteFrame(time.Now(), frame)
 	}

@@ -173,7 +173,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 		fl = copy(flow[:], hdr[fi.L2Len+8:fi.L2Len+40])
 	}
 	fl += copy(flow[fl:], tcp[:4])
-	now := d.clock()
+	now := n.now
 	match := s.open && fl == s.flowLen && flow == s.flow && seq == s.nextSeq && ack == s.ack &&
 		s.off+len(payload) <= s.resv.size && now-s.last < int64(d.cfg.HWGROTimeout) &&
 		flags&(tcpFlagSYN|tcpFlagRST|tcpFlagURG) == 0

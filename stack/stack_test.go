@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
 )
 
@@ -19,38 +18,7 @@ import (
 // test, configured by dc) at 192.0.2.1 and a peer at 192.0.2.2.
 func pair(t testing.TB, dc driver.Config) (rx, peer *Stack) {
 	t.Helper()
-	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	pool, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc.Pool = pool
-	rx, err = New(Config{
-		Wire:   a,
-		Addrs:  []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")},
-		MAC:    [6]byte{2, 0, 0, 0, 0, 1},
-		Driver: dc,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err = New(Config{
-		Wire:  b,
-		Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("2001:db8::2/64")},
-		MAC:   [6]byte{2, 0, 0, 0, 0, 2},
-	})
-	if err != nil {
-		rx.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		peer.Close()
-		rx.Close()
-		if n := pool.InUse(); n != 0 {
-			t.Errorf("pages still in use after Close: got %d, want 0", n)
-		}
-	})
-	return rx, peer
+	return pairConfig(t, Config{Driver: dc})
 }
 
 // sendAndHash writes n pseudo-random bytes to c in writes of wsize and

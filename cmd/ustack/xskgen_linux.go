@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,7 +138,7 @@ func xskgenCmd(args []string) error {
 	fmt.Printf("kernel UDP socket received %d of %d datagrams (UdpInDatagrams +%d, RcvbufErrors +%d, InCsumErrors +%d, NoPorts +%d)\n",
 		got, total, d("InDatagrams"), d("RcvbufErrors"), d("InCsumErrors"), d("NoPorts"))
 	for _, m := range modes {
-		fmt.Printf("%-10s  counters: %s\n", xskModeNames[m], xskNonZero(g.socks[m]))
+		fmt.Printf("%-10s  counters: %s\n", xskModeNames[m], g.socks[m].Stats().String())
 	}
 	if len(modes) > 1 {
 		printXSKComparison(res[:], *rounds)
@@ -426,7 +425,7 @@ func (g *xskGen) round(m, n int, deadline time.Time) (xskResult, error) {
 	g.free[m] = free
 	sent := s.Stats().TxPackets.Load() - before
 	if sent != uint64(n) {
-		return xskResult{}, fmt.Errorf("sent %d of %d frames; counters %s", sent, n, xskNonZero(s))
+		return xskResult{}, fmt.Errorf("sent %d of %d frames; counters %s", sent, n, s.Stats().String())
 	}
 	if m == xskRequest && n > 0 {
 		if ts := u.Metadata(lastAddr).TxTimestamp(); ts == 0 || ts > s.Now() {
@@ -438,16 +437,6 @@ func (g *xskGen) round(m, n int, deadline time.Time) (xskResult, error) {
 		r.perPkt = []float64{float64(el.Nanoseconds()) / float64(n)}
 	}
 	return r, nil
-}
-
-func xskNonZero(s *xsk.Socket) string {
-	var out []string
-	s.Stats().Each(func(name string, v uint64) {
-		if v != 0 {
-			out = append(out, fmt.Sprintf("%s=%d", name, v))
-		}
-	})
-	return strings.Join(out, " ")
 }
 
 // closerList closes what was added to it, last first, once. It is the

@@ -1,6 +1,10 @@
 package xsk
 
-import "sync/atomic"
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+)
 
 // Stats are a socket's counters. Every field is safe to read while the
 // socket runs. Kick adds its TX counts once per call, not per packet, so a
@@ -66,4 +70,15 @@ func (t *txCounts) flush(s *Stats) {
 	addNonZero(&s.TxBadMetadata, t.badMetadata)
 	addNonZero(&s.TxErrors, t.errors)
 	addNonZero(&s.TxCQFull, t.cqFull)
+}
+
+// String lists the non-zero counters as name=value, in Each's order.
+func (s *Stats) String() string {
+	var out []string
+	s.Each(func(name string, v uint64) {
+		if v != 0 {
+			out = append(out, fmt.Sprintf("%s=%d", name, v))
+		}
+	})
+	return strings.Join(out, " ")
 }
