@@ -23,6 +23,13 @@
 //     the ring was full, waived after an order change, drained by Close,
 //     never recycled (NoRecycle, or a page retired with DecRef).
 //
+// Lending: a page whose memory was handed to a holder the pool cannot count
+// (gVisor's views, which keep their own private reference counts) is marked
+// with Lend. The pool never reuses a lent page: Recycle and Get let it go
+// instead, and its memory goes back to Config.Memory when the pool's last
+// reference is dropped, for that allocator to reuse only once the other
+// holder let go too.
+//
 // Threading: Get, Recycle and Close belong to the pool's owner, one
 // goroutine at a time (the NIC model of one RX queue, as a page_pool is
 // bound to one NAPI context). They own the ring and take no lock. IncRef
@@ -36,6 +43,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -63,6 +71,18 @@ const RecoverInterval = 250 * time.Millisecond
 // ErrExhausted is returned by Get when no page fits the pool's limits.
 var ErrExhausted = errors.New("bufpool: pool exhausted")
 
+// Memory supplies a pool's page memory in place of the Go heap: the stack
+// uses gVisor's reference-counted buffer chunks, so that payload can be lent
+// to gVisor without a copy.
+type Memory interface {
+	// Alloc returns size bytes and a handle for Free, or nil bytes when it
+	// cannot. The bytes must stay valid until Free.
+	Alloc(size int) (b []byte, handle any)
+	// Free gives back the pool's hold on memory from Alloc, once the page's
+	// last reference is dropped. Called from any goroutine.
+	Free(handle any)
+}
+
 // Config configures a Pool.
 type Config struct {
 	// PageSize is the base page size, PageSize4K (default) or PageSize64K.
@@ -86,6 +106,10 @@ type Config struct {
 	NoRecycle bool
 	// Now is the clock for the order recovery (nil: time.Now).
 	Now func() time.Time
+	// Memory supplies the pages' memory (nil: the Go heap). An allocation it
+	// fails counts as a failure of the memory limit: Get falls back one
+	// order, down to 0.
+	Memory Memory
 	// Poison fills a page with a pattern when its last holder gives it up to
 	// the pool, and checks the pattern when Get hands it out again, so that
 	// a write through a stale reference is caught (Get panics: that is a
@@ -138,6 +162,8 @@ type Config struct {
 //   - rx_pp_pages_in_use (InUse): pages held, handed out or in the ring,
 //     not yet released (a gauge). Not in the kernel.
 //   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
+//   - rx_pp_lent (Lent): pages lent with Lend, never reused by the pool.
+//     Not in the kernel.
 //
 // Allocated equals InUse; it stays for callers that read it. PageBytes is the
 // size of the pages Get allocates at the current order.
@@ -161,6 +187,7 @@ type Stats struct {
 	Allocated          int64 // = InUse
 	BytesHeld          int64
 	PageBytes          int
+	Lent               uint64
 }
 
 // Each calls fn for every counter, named as above, in the documented order.
@@ -181,6 +208,7 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_alloc_order", uint64(s.AllocOrder))
 	fn("rx_pp_pages_in_use", uint64(s.InUse))
 	fn("rx_pp_bytes_held", uint64(s.BytesHeld))
+	fn("rx_pp_lent", s.Lent)
 }
 
 // cacheLine separates fields written by different goroutines; 128 covers
@@ -198,6 +226,7 @@ type Pool struct {
 	poison    bool
 	noRecycle bool
 	now       func() time.Time
+	mem       Memory
 
 	// The owner's: Get, Recycle and Close only. ring is a FIFO of count
 	// pages from head, each holding one reference, the pool's.
@@ -214,7 +243,7 @@ type Pool struct {
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
-	released         atomic.Uint64
+	released, lent   atomic.Uint64
 	inUse, bytesHeld atomic.Int64
 }
 
@@ -230,9 +259,17 @@ type Page struct {
 	// page out: Get checks only pages that were filled.
 	poisoned bool
 	poison   bool // the pool's Config.Poison, here to spare DecRef a load
-	buf      []byte
-	pool     *Pool
+	// lent is set once by Lend: the page is never reused nor poisoned.
+	lent atomic.Bool
+	buf  []byte
+	mem  any // Config.Memory's handle
+	pool *Pool
 }
+
+// pageStructs recycles the Page structs of pages backed by Config.Memory:
+// those are never reused by the ring once lent, so each would otherwise
+// cost an allocation.
+var pageStructs = sync.Pool{New: func() any { return new(Page) }}
 
 const (
 	ringBit = 1 << 30
@@ -283,6 +320,7 @@ func New(cfg Config) (*Pool, error) {
 		poison:    cfg.Poison,
 		noRecycle: cfg.NoRecycle,
 		now:       cfg.Now,
+		mem:       cfg.Memory,
 	}
 	if !cfg.NoRecycle {
 		p.ring = make([]*Page, cfg.RingSize)
@@ -311,6 +349,13 @@ func (p *Pool) Get() (*Page, error) {
 	size := p.base << order
 	for p.count > 0 {
 		pg := p.ring[p.head]
+		if pg.lent.Load() {
+			// Lent after it was recycled: another holder may still read it.
+			p.pop()
+			pg.state.And(^ringBit)
+			pg.DecRef()
+			continue
+		}
 		if len(pg.buf) != size {
 			p.pop()
 			pg.state.And(^ringBit)
@@ -378,8 +423,34 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 			p.lastRecover = p.now()
 		}
 	}
-	size := p.base << order
-	pg := &Page{buf: make([]byte, size), pool: p, poison: p.poison}
+	var pg *Page
+	for {
+		size := p.base << order
+		if p.mem == nil {
+			pg = &Page{buf: make([]byte, size), pool: p, poison: p.poison}
+			break
+		}
+		b, h := p.mem.Alloc(size)
+		if len(b) >= size {
+			pg = pageStructs.Get().(*Page)
+			pg.buf, pg.mem, pg.pool, pg.poison = b[:size], h, p, p.poison
+			pg.lent.Store(false)
+			pg.poisoned = false
+			break
+		}
+		if b != nil {
+			p.mem.Free(h)
+		}
+		if order == 0 {
+			p.empty.Add(1)
+			return nil, ErrExhausted
+		}
+		order--
+		p.order.Store(order)
+		p.fallbacks.Add(1)
+		p.lastRecover = p.now()
+	}
+	size := len(pg.buf)
 	pg.state.Store(1)
 	p.inUse.Add(1)
 	p.bytesHeld.Add(int64(size))
@@ -400,7 +471,7 @@ func (p *Pool) Recycle(pg *Page) {
 	if pg.pool != p {
 		panic("bufpool: Recycle of another pool's page")
 	}
-	if p.noRecycle {
+	if p.noRecycle || pg.lent.Load() {
 		pg.DecRef()
 		return
 	}
@@ -415,7 +486,7 @@ func (p *Pool) Recycle(pg *Page) {
 		panic("bufpool: Recycle of a page already in the ring")
 	case old&refMask == 0:
 		panic("bufpool: Recycle of a free page")
-	case old == 1 && p.poison:
+	case old == 1 && p.poison && !pg.lent.Load():
 		// The retiring owner was the last holder: no one else can touch it.
 		pg.fillPoison()
 	}
@@ -480,6 +551,7 @@ func (p *Pool) Stats() Stats {
 		Allocated:          inUse,
 		BytesHeld:          p.bytesHeld.Load(),
 		PageBytes:          p.base << order,
+		Lent:               p.lent.Load(),
 	}
 }
 
@@ -525,7 +597,32 @@ func (pg *Page) DecRef() {
 	p.released.Add(1)
 	p.inUse.Add(-1)
 	p.bytesHeld.Add(-int64(len(pg.buf)))
+	if p.mem != nil {
+		h := pg.mem
+		pg.buf, pg.mem, pg.pool = nil, nil, nil
+		pageStructs.Put(pg)
+		p.mem.Free(h)
+	}
 }
+
+// Lend marks the page's memory as lent to a holder the pool cannot count,
+// from any goroutine holding a reference: from then on the pool never hands
+// the page out again nor writes to it. It reports whether this call lent it
+// (false if it already was).
+func (pg *Page) Lend() bool {
+	if pg.lent.Load() || !pg.lent.CompareAndSwap(false, true) {
+		return false
+	}
+	pg.pool.lent.Add(1)
+	return true
+}
+
+// Lent reports whether the page was lent.
+func (pg *Page) Lent() bool { return pg.lent.Load() }
+
+// Mem returns the handle Config.Memory gave for the page's memory (nil for
+// Go heap pages).
+func (pg *Page) Mem() any { return pg.mem }
 
 // decRefPoison is DecRef's decrement in poison mode: the last holder of a
 // page in the ring (the pool's reference and the caller's are all that is
@@ -534,7 +631,7 @@ func (pg *Page) DecRef() {
 func (pg *Page) decRefPoison() int32 {
 	for {
 		s := pg.state.Load()
-		if s == ringBit|2 && !pg.poisoned {
+		if s == ringBit|2 && !pg.poisoned && !pg.lent.Load() {
 			pg.fillPoison()
 		}
 		if pg.state.CompareAndSwap(s, s-1) {
