@@ -10,7 +10,7 @@ import (
 // refuse sizes above a limit.
 type fakeMemory struct {
 	mu      sync.Mutex
-	out     map[*[]byte]bool
+	out     map[*[]byte]bool // outstanding, and whether busy
 	allocs  int
 	frees   int
 	maxSize int // 0: any
@@ -27,7 +27,7 @@ func (m *fakeMemory) Alloc(size int) ([]byte, any) {
 	if m.out == nil {
 		m.out = map[*[]byte]bool{}
 	}
-	m.out[h] = true
+	m.out[h] = false
 	m.allocs++
 	return b, h
 }
@@ -36,11 +36,23 @@ func (m *fakeMemory) Free(h any) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := h.(*[]byte)
-	if !m.out[k] {
+	if _, ok := m.out[k]; !ok {
 		panic("Free of memory not outstanding")
 	}
 	delete(m.out, k)
 	m.frees++
+}
+
+func (m *fakeMemory) Busy(h any) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.out[h.(*[]byte)]
+}
+
+func (m *fakeMemory) setBusy(pg *Page, busy bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.out[pg.Mem().(*[]byte)] = busy
 }
 
 func (m *fakeMemory) outstanding() int {
@@ -49,66 +61,69 @@ func (m *fakeMemory) outstanding() int {
 	return len(m.out)
 }
 
-// TestLendNeverReused: a lent page is never handed out again, neither from
-// the ring (lent while quarantined) nor by Recycle, and its memory goes back
-// to Memory when its last reference is dropped; an unlent page is recycled
-// as usual.
-func TestLendNeverReused(t *testing.T) {
+// TestLend: a lent page is reused only once Memory says its memory is no
+// longer busy, is never poisoned, and without a Memory that can tell is let
+// go; its memory goes back to Memory with its last reference.
+func TestLend(t *testing.T) {
 	mem := &fakeMemory{}
 	p := newTestPool(t, Config{Memory: mem, Poison: true})
 
-	// Lent while a frag is out, then recycled: Recycle lets it go.
 	a := mustGet(t, p)
 	a.IncRef() // a frag
 	if !a.Lend() || a.Lend() {
 		t.Fatal("Lend: want true the first time only")
 	}
 	copy(a.Bytes(), "delivered")
+	mem.setBusy(a, true) // the borrower holds it
 	p.Recycle(a)
-	if p.count != 0 {
-		t.Fatalf("ring holds %d pages after recycling a lent page, want 0", p.count)
+	a.DecRef() // the frag comes back
+	if !bytes.HasPrefix(a.Bytes(), []byte("delivered")) {
+		t.Fatal("a lent page was poisoned")
 	}
 	b := mustGet(t, p)
 	if b == a {
-		t.Fatal("Get handed out a lent page")
+		t.Fatal("Get handed out a lent page still busy")
 	}
-	if !bytes.HasPrefix(a.Bytes(), []byte("delivered")) {
-		t.Fatal("a lent page was written (poisoned) while a frag was out")
+	if st := p.Stats(); st.LentBusy != 1 || st.AllocRefill != 1 {
+		t.Errorf("rx_pp_lent_busy %d, rx_pp_alloc_refill %d: want 1, 1", st.LentBusy, st.AllocRefill)
 	}
-	if mem.outstanding() != 2 {
-		t.Fatalf("memory outstanding: got %d, want 2", mem.outstanding())
-	}
-	a.DecRef() // the frag: the last reference
-	if mem.outstanding() != 1 {
-		t.Fatalf("memory outstanding after the last frag: got %d, want 1", mem.outstanding())
-	}
-
-	// Recycled first, lent while quarantined: Get drops it from the ring.
-	b.IncRef()
-	p.Recycle(b)
-	if !b.Lend() {
-		t.Fatal("Lend of a quarantined page")
-	}
-	b.DecRef()
-	c := mustGet(t, p)
-	if c == b {
-		t.Fatal("Get handed out a page lent while in the ring")
-	}
-	// Not lent: recycled and handed out again.
-	c.IncRef()
-	p.Recycle(c)
-	c.DecRef()
-	if d := mustGet(t, p); d != c {
-		t.Fatal("an unlent page was not recycled")
+	mem.setBusy(a, false) // the borrower let go
+	if c := mustGet(t, p); c != a {
+		t.Fatal("a lent page no longer busy was not reused")
+	} else if c.Lent() {
+		t.Error("a reused page is still marked lent")
 	} else {
-		p.Recycle(d)
+		p.Recycle(c)
 	}
-	if got := p.Stats().Lent; got != 2 {
-		t.Errorf("rx_pp_lent: got %d, want 2", got)
+	p.Recycle(b)
+	if got := p.Stats().Lent; got != 1 {
+		t.Errorf("rx_pp_lent: got %d, want 1", got)
 	}
 	p.Close()
 	if mem.outstanding() != 0 {
 		t.Errorf("memory outstanding after Close: %d", mem.outstanding())
+	}
+}
+
+// TestLendWithoutMemory: heap pages, once lent, are never reused.
+func TestLendWithoutMemory(t *testing.T) {
+	p := newTestPool(t, Config{})
+	a := mustGet(t, p)
+	a.IncRef()
+	a.Lend()
+	p.Recycle(a)
+	a.DecRef()
+	b := mustGet(t, p)
+	if b == a {
+		t.Fatal("Get handed out a lent heap page")
+	}
+	b.IncRef()
+	p.Recycle(b)
+	b.DecRef()
+	if c := mustGet(t, p); c != b {
+		t.Fatal("an unlent page was not recycled")
+	} else {
+		p.Recycle(c)
 	}
 }
 

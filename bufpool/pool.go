@@ -24,11 +24,11 @@
 //     never recycled (NoRecycle, or a page retired with DecRef).
 //
 // Lending: a page whose memory was handed to a holder the pool cannot count
-// (gVisor's views, which keep their own private reference counts) is marked
-// with Lend. The pool never reuses a lent page: Recycle and Get let it go
-// instead, and its memory goes back to Config.Memory when the pool's last
-// reference is dropped, for that allocator to reuse only once the other
-// holder let go too.
+// (gVisor's views, which keep reference counts of their own) is marked with
+// Lend. Get reuses a lent page only when Config.Memory says nobody else
+// holds its memory any more (Memory.Busy); without a Memory that can tell,
+// a lent page is let go instead, and its memory goes back to the Memory
+// when the pool's last reference is dropped. Lent pages are never poisoned.
 //
 // Threading: Get, Recycle and Close belong to the pool's owner, one
 // goroutine at a time (the NIC model of one RX queue, as a page_pool is
@@ -81,6 +81,10 @@ type Memory interface {
 	// Free gives back the pool's hold on memory from Alloc, once the page's
 	// last reference is dropped. Called from any goroutine.
 	Free(handle any)
+	// Busy reports whether anything besides the pool still holds the
+	// memory (true when it cannot tell). Called by the pool's owner, for a
+	// lent page whose references have all come back.
+	Busy(handle any) bool
 }
 
 // Config configures a Pool.
@@ -162,8 +166,11 @@ type Config struct {
 //   - rx_pp_pages_in_use (InUse): pages held, handed out or in the ring,
 //     not yet released (a gauge). Not in the kernel.
 //   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
-//   - rx_pp_lent (Lent): pages lent with Lend, never reused by the pool.
-//     Not in the kernel.
+//   - rx_pp_lent (Lent): times a page was lent with Lend. Not in the
+//     kernel.
+//   - rx_pp_lent_busy (LentBusy): Gets that found the oldest ring page
+//     lent and still held by its borrower, and allocated instead (counted
+//     in rx_pp_alloc_refill too). Not in the kernel.
 //
 // Allocated equals InUse; it stays for callers that read it. PageBytes is the
 // size of the pages Get allocates at the current order.
@@ -188,6 +195,7 @@ type Stats struct {
 	BytesHeld          int64
 	PageBytes          int
 	Lent               uint64
+	LentBusy           uint64
 }
 
 // Each calls fn for every counter, named as above, in the documented order.
@@ -209,6 +217,7 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_pages_in_use", uint64(s.InUse))
 	fn("rx_pp_bytes_held", uint64(s.BytesHeld))
 	fn("rx_pp_lent", s.Lent)
+	fn("rx_pp_lent_busy", s.LentBusy)
 }
 
 // cacheLine separates fields written by different goroutines; 128 covers
@@ -240,6 +249,7 @@ type Pool struct {
 	// Written by the owner only.
 	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
 	cached, ringFull, fallbacks, recoveries    atomic.Uint64
+	lentBusy                                   atomic.Uint64
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
@@ -259,16 +269,17 @@ type Page struct {
 	// page out: Get checks only pages that were filled.
 	poisoned bool
 	poison   bool // the pool's Config.Poison, here to spare DecRef a load
-	// lent is set once by Lend: the page is never reused nor poisoned.
+	// lent is set by Lend and cleared when Get reuses the page: its memory
+	// may be held by someone the count does not see; it is not poisoned.
 	lent atomic.Bool
 	buf  []byte
 	mem  any // Config.Memory's handle
 	pool *Pool
 }
 
-// pageStructs recycles the Page structs of pages backed by Config.Memory:
-// those are never reused by the ring once lent, so each would otherwise
-// cost an allocation.
+// pageStructs recycles the Page structs of pages backed by Config.Memory,
+// which are let go more often (lent pages still held when the ring is
+// full).
 var pageStructs = sync.Pool{New: func() any { return new(Page) }}
 
 const (
@@ -349,8 +360,8 @@ func (p *Pool) Get() (*Page, error) {
 	size := p.base << order
 	for p.count > 0 {
 		pg := p.ring[p.head]
-		if pg.lent.Load() {
-			// Lent after it was recycled: another holder may still read it.
+		if pg.lent.Load() && p.mem == nil {
+			// Nobody can tell when the borrower is done: let it go.
 			p.pop()
 			pg.state.And(^ringBit)
 			pg.DecRef()
@@ -367,6 +378,17 @@ func (p *Pool) Get() (*Page, error) {
 			// Frags of the oldest page are still out: don't wait for them.
 			p.refill.Add(1)
 			break
+		}
+		if pg.lent.Load() {
+			// Its frags are back; its borrower may still hold the memory.
+			// Nobody can start holding it now: the borrower only takes
+			// more from what it holds.
+			if p.mem.Busy(pg.mem) {
+				p.lentBusy.Add(1)
+				p.refill.Add(1)
+				break
+			}
+			pg.lent.Store(false)
 		}
 		if pg.poisoned {
 			pg.checkPoison() // before pop: a corrupt page stays for Close
@@ -471,7 +493,7 @@ func (p *Pool) Recycle(pg *Page) {
 	if pg.pool != p {
 		panic("bufpool: Recycle of another pool's page")
 	}
-	if p.noRecycle || pg.lent.Load() {
+	if p.noRecycle || pg.lent.Load() && p.mem == nil {
 		pg.DecRef()
 		return
 	}
@@ -552,8 +574,12 @@ func (p *Pool) Stats() Stats {
 		BytesHeld:          p.bytesHeld.Load(),
 		PageBytes:          p.base << order,
 		Lent:               p.lent.Load(),
+		LentBusy:           p.lentBusy.Load(),
 	}
 }
+
+// Memory returns Config.Memory (nil: the Go heap).
+func (p *Pool) Memory() Memory { return p.mem }
 
 // InUse returns the number of pages held, handed out or in the ring, not
 // yet released; from any goroutine.
@@ -606,9 +632,10 @@ func (pg *Page) DecRef() {
 }
 
 // Lend marks the page's memory as lent to a holder the pool cannot count,
-// from any goroutine holding a reference: from then on the pool never hands
-// the page out again nor writes to it. It reports whether this call lent it
-// (false if it already was).
+// from any goroutine holding a reference: from then on the pool hands the
+// page out again only once Config.Memory says the memory is no longer busy,
+// and never poisons it. It reports whether this call lent it (false if it
+// already was).
 func (pg *Page) Lend() bool {
 	if pg.lent.Load() || !pg.lent.CompareAndSwap(false, true) {
 		return false

@@ -29,7 +29,7 @@ type linkEndpoint struct {
 
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
-	lend   *lender     // zero copy: frags lent to gVisor; nil: copied
+	lend   *lendStats  // zero copy: frags lent to gVisor; nil: copied
 	trains trainTable  // UDP ports bound by TrainConns
 
 	// XDP and cpumap (nil when not configured). The program and the

@@ -79,15 +79,12 @@ type Config struct {
 	// NoModerateReceiveBuffer turns receive-buffer auto-tuning off.
 	NoModerateReceiveBuffer bool
 	// ZeroCopy hands payload to gVisor without copying it: the RX pages
-	// are gVisor buffer chunks and each frag becomes a view of its page
-	// (pages are then never recycled by the pool: gVisor's chunk pool
-	// reuses them). TCPConn.ReadViews can then give the application the
-	// pages themselves. Off: payload is copied once into gVisor.
+	// are gVisor buffer chunks and each frag becomes a view of its page;
+	// the pool reuses a page once gVisor let go of it. TCPConn.ReadViews
+	// can then give the application the pages themselves. Off: payload is
+	// copied once into gVisor. With Driver.Pool set, that pool must have
+	// been made with Memory: NewChunkMemory() (New does it otherwise).
 	ZeroCopy bool
-	// ZeroCopyHold bounds the bytes of lent pages kept for ReadViews
-	// (0: DefaultZeroCopyHold). Pages beyond it are still valid for
-	// gVisor; ReadViews copies them.
-	ZeroCopyHold int64
 }
 
 // Stack is a running ustack: driver, link endpoint and gVisor stack.
@@ -97,6 +94,7 @@ type Stack struct {
 	ep    *linkEndpoint
 	ip    *gstack.Stack
 	close sync.Once
+	views viewTotals
 }
 
 // New builds and starts a stack on cfg.Wire. On error the wire is closed.
@@ -127,7 +125,7 @@ func New(cfg Config) (s *Stack, err error) {
 	if dc.Pool == nil {
 		pc := cfg.Pool
 		if cfg.ZeroCopy && pc.Memory == nil {
-			pc.Memory = viewMemory{}
+			pc.Memory = newViewMemory()
 		}
 		if pc.RingSize == 0 {
 			pc.RingSize = ringPages(&dc, &pc)
@@ -144,7 +142,7 @@ func New(cfg Config) (s *Stack, err error) {
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
 	ep.pcap = cfg.Pcap
 	if cfg.ZeroCopy {
-		ep.lend = newLender(cfg.ZeroCopyHold)
+		ep.lend = new(lendStats)
 	}
 	ep.epoch = time.Now()
 	if !cfg.NoGRO {
@@ -369,9 +367,6 @@ func (s *Stack) Close() error {
 		}
 		s.ip.Close()
 		s.ip.Wait()
-		if s.ep != nil && s.ep.lend != nil {
-			s.ep.lend.close()
-		}
 	})
 	return err
 }
@@ -404,6 +399,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		if s.ep.lend != nil {
 			s.ep.lend.each(fn)
 		}
+		s.views.each(fn)
 		if s.ep.xdp != nil {
 			s.ep.xdpStats.each(fn)
 		}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -97,7 +98,8 @@ type TCPConn struct {
 	cur      *bufpool.Page // the copy page being filled, one reference
 	curOff   int
 
-	stats ViewStats
+	stats    ViewStats
+	reported ViewStats // what the stack's totals have of stats
 }
 
 func newTCPConn(s *Stack, wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
@@ -142,14 +144,14 @@ func (c *TCPConn) Close() error {
 }
 
 // A View is a read-only window on received payload that ReadViews handed to
-// the application without copying it: part of an RX page, which stays the
-// application's until Release. Payload that was not in a page the stack can
-// hand over (zero copy off, or a page lent too long ago) comes in views of
+// the application without copying it: part of an RX page, which the NIC
+// does not write to again before Release. Payload that was not in an RX
+// page (zero copy off, or bytes gVisor copied itself) comes in views of
 // pages of the connection's own, filled by a copy.
 type View struct {
-	b      []byte
-	pg     *bufpool.Page
-	copied bool
+	b  []byte
+	v  *buffer.View  // mapped: a reference on the RX page's chunk
+	pg *bufpool.Page // copied: a reference on the connection's page
 }
 
 // Bytes returns the view's bytes. They must not be written to, nor used
@@ -160,14 +162,17 @@ func (v *View) Bytes() []byte { return v.b }
 func (v *View) Len() int { return len(v.b) }
 
 // Copied reports whether the view's bytes were copied rather than mapped.
-func (v *View) Copied() bool { return v.copied }
+func (v *View) Copied() bool { return v.pg != nil }
 
 // Release gives the view's page back. The view must not be used again.
 func (v *View) Release() {
-	if v.pg != nil {
+	switch {
+	case v.v != nil:
+		v.v.Release()
+	case v.pg != nil:
 		v.pg.DecRef()
-		*v = View{}
 	}
+	*v = View{}
 }
 
 // ViewStats counts what ReadViews handed over on a connection.
@@ -179,6 +184,27 @@ type ViewStats struct {
 	CopiedBytes uint64
 	// Views is the number of views handed over.
 	Views uint64
+}
+
+// viewTotals are the stack's ReadViews counters, over every connection.
+type viewTotals struct {
+	mapped, page, copied, views atomic.Uint64
+}
+
+// add adds what st gained since last to the totals.
+func (t *viewTotals) add(st, last *ViewStats) {
+	t.mapped.Add(st.MappedBytes - last.MappedBytes)
+	t.page.Add(st.PageBytes - last.PageBytes)
+	t.copied.Add(st.CopiedBytes - last.CopiedBytes)
+	t.views.Add(st.Views - last.Views)
+	*last = *st
+}
+
+func (t *viewTotals) each(fn func(string, uint64)) {
+	fn("zc_read_mapped_bytes", t.mapped.Load())
+	fn("zc_read_page_bytes", t.page.Load())
+	fn("zc_read_copied_bytes", t.copied.Load())
+	fn("zc_read_views", t.views.Load())
 }
 
 // ViewStats returns the connection's ReadViews counters. Call it from the
@@ -216,6 +242,7 @@ func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
 	}
 	if res.Count > 0 {
 		c.ep.ModerateRecvBuf(res.Count)
+		c.s.views.add(&c.stats, &c.reported)
 	}
 	return vs, res.Count, nil
 }
@@ -294,7 +321,7 @@ func (c *TCPConn) copyView(b []byte) (View, int, error) {
 	n := copy(dst, b)
 	c.cur.IncRef()
 	c.curOff += n
-	return View{b: dst[:n:n], pg: c.cur, copied: true}, n, nil
+	return View{b: dst[:n:n], pg: c.cur}, n, nil
 }
 
 // viewWriter is the io.Writer ReadViews gives gVisor's Read: gVisor writes
@@ -314,11 +341,11 @@ func (w *viewWriter) Write(b []byte) (int, error) {
 	}
 	st := &w.c.stats
 	rest := b[:n]
-	if l := w.c.s.lender(); l != nil {
-		if pg := l.lookup(rest); pg != nil {
-			w.views = append(w.views, View{b: rest[:len(rest):len(rest)], pg: pg})
+	if m := w.c.s.chunks(); m != nil {
+		if v := m.view(rest); v != nil {
+			w.views = append(w.views, View{b: rest[:len(rest):len(rest)], v: v})
 			st.MappedBytes += uint64(len(rest))
-			if len(rest) == len(pg.Bytes()) {
+			if len(rest) == pageBytes(rest) {
 				st.PageBytes += uint64(len(rest))
 			}
 			st.Views++
@@ -343,10 +370,20 @@ func (w *viewWriter) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// lender returns the stack's zero-copy lender, or nil.
-func (s *Stack) lender() *lender {
-	if s == nil || s.ep == nil {
+// chunks returns the zero-copy stack's page memory, or nil.
+func (s *Stack) chunks() *viewMemory {
+	if s == nil || s.drv == nil || s.ep.lend == nil {
 		return nil
 	}
-	return s.ep.lend
+	m, _ := s.drv.Pool().Memory().(*viewMemory)
+	return m
+}
+
+// pageBytes returns len(b) if b is one whole, aligned page of the pool's
+// base size (what tcp_mmap could map), else 0.
+func pageBytes(b []byte) int {
+	if len(b) == bufpool.PageSize4K && addr(b)%bufpool.PageSize4K == 0 {
+		return len(b)
+	}
+	return 0
 }

@@ -20,7 +20,7 @@ func pairConfig(t testing.TB, cfg Config) (rx, peer *Stack) {
 	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
 	pc := bufpool.Config{Poison: true, RingSize: 1 << 15}
 	if cfg.ZeroCopy {
-		pc.Memory = viewMemory{}
+		pc.Memory = newViewMemory()
 	}
 	pool, err := bufpool.New(pc)
 	if err != nil {

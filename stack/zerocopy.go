@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -14,164 +15,186 @@ import (
 // Zero copy (Config.ZeroCopy) is DESIGN.md's second way of getting payload
 // into gVisor: the RX pages are gVisor buffer chunks (viewMemory), and a
 // packet's payload frags reach gVisor as views cloned from their page's
-// chunk, without a copy. gVisor's reference counts on a chunk are private,
-// so a page whose memory was cloned is lent (bufpool.Page.Lend): the pool
-// never reuses it, and gVisor's chunk pool takes it back once gVisor and
-// the pool have both let go. Every write into a chunk that gVisor's views
-// share is copy-on-write, so nothing gVisor holds changes.
+// chunk, without a copy. Such a page is lent (bufpool.Page.Lend): the pool
+// hands it to the NIC again only once the chunk's reference count says
+// that gVisor (and any application view) let go of it, so nothing gVisor
+// holds ever changes. Every write gVisor itself makes into a chunk that
+// others share is copy-on-write.
 //
-// The lender also keeps the most recently lent pages, up to a byte bound,
-// indexed by address: TCPConn.ReadViews finds the page under each slice
-// gVisor's receive queue hands it and gives the application a reference on
-// that page instead of a copy (the analogue of tcp_mmap's page flipping).
-
-// DefaultZeroCopyHold is Config.ZeroCopyHold when 0.
-const DefaultZeroCopyHold = 32 << 20
+// TCPConn.ReadViews finds the chunk under each slice gVisor's receive queue
+// hands it (viewMemory indexes its chunks by address) and gives the
+// application a view of that chunk, one more reference on it, instead of a
+// copy: the analogue of tcp_mmap's page flipping.
 
 // viewMemory is a bufpool.Memory of gVisor buffer chunks: each page is a
 // view owning one reference on a chunk of exactly the page's size (chunks
-// come in powers of two up to buffer.MaxChunkSize, as pages do).
-type viewMemory struct{}
+// come in powers of two up to buffer.MaxChunkSize, as pages do). It indexes
+// the chunks it handed out by address, for ReadViews.
+type viewMemory struct {
+	mu    sync.Mutex
+	index map[uintptr]*buffer.View // granule -> the page's owning view
+}
 
-func (viewMemory) Alloc(size int) ([]byte, any) {
+func newViewMemory() *viewMemory {
+	return &viewMemory{index: make(map[uintptr]*buffer.View)}
+}
+
+// NewChunkMemory returns a bufpool.Memory of gVisor buffer chunks, for a
+// pool given to a zero-copy stack in Config.Driver.Pool.
+func NewChunkMemory() bufpool.Memory { return newViewMemory() }
+
+// granule is the unit of the address index. Go allocates the chunks (4 KB
+// to 64 KB, powers of two) at least 4 KB-aligned, so a page covers whole
+// granules and a granule belongs to one page; Alloc checks it.
+const granule = 4096
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func (m *viewMemory) Alloc(size int) ([]byte, any) {
 	if size > buffer.MaxChunkSize {
 		return nil, nil
 	}
 	v := buffer.NewViewSize(size)
-	return v.AsSlice(), v
+	b := v.AsSlice()
+	if base := addr(b); base%granule == 0 && len(b)%granule == 0 {
+		m.mu.Lock()
+		for a := base; a < base+uintptr(len(b)); a += granule {
+			m.index[a/granule] = v
+		}
+		m.mu.Unlock()
+	}
+	return b, v
 }
 
-func (viewMemory) Free(h any) { h.(*buffer.View).Release() }
-
-// granule is the unit of the lender's address index. Go allocates the
-// chunks (4 KB to 64 KB, powers of two) at least 4 KB-aligned, so a page
-// covers whole granules and a granule belongs to one page.
-const granule = 4096
-
-// lender holds lent pages for ReadViews: a FIFO bounded in bytes, and an
-// index from each granule of their memory to the page. It holds one
-// reference on each page it keeps; a page it does not keep (evicted, or
-// lent before) is still valid for gVisor, only ReadViews copies it instead.
-type lender struct {
-	mu    sync.Mutex
-	index map[uintptr]*bufpool.Page
-	fifo  []*bufpool.Page // ring of n pages from head
-	head  int
-	n     int
-	held  int64
-	max   int64
-
-	kept, evicted, unaligned atomic.Uint64
-	lentViews                atomic.Uint64 // frags handed to gVisor as views
-	copied                   atomic.Uint64 // frags copied (memory not a view)
+func (m *viewMemory) Free(h any) {
+	v := h.(*buffer.View)
+	b := v.AsSlice()
+	m.mu.Lock()
+	for a := addr(b); a < addr(b)+uintptr(len(b)); a += granule {
+		if m.index[a/granule] == v {
+			delete(m.index, a/granule)
+		}
+	}
+	m.mu.Unlock()
+	v.Release()
 }
 
-func newLender(max int64) *lender {
-	if max <= 0 {
-		max = DefaultZeroCopyHold
-	}
-	return &lender{
-		index: make(map[uintptr]*bufpool.Page, max/granule),
-		fifo:  make([]*bufpool.Page, max/granule+1),
-		max:   max,
-	}
+// Busy reports whether a view other than the page's own still holds its
+// chunk.
+func (m *viewMemory) Busy(h any) bool {
+	n, ok := chunkRefs(h.(*buffer.View))
+	return !ok || n > 1
 }
 
-func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
-
-// keep takes a reference on pg, which the caller holds and has just lent,
-// and indexes it, evicting the oldest pages beyond the byte bound.
-func (l *lender) keep(pg *bufpool.Page) {
-	b := pg.Bytes()
-	base := addr(b)
-	if base%granule != 0 || len(b)%granule != 0 {
-		l.unaligned.Add(1)
-		return
-	}
-	pg.IncRef()
-	l.mu.Lock()
-	for l.n > 0 && (l.held+int64(len(b)) > l.max || l.n == len(l.fifo)) {
-		l.evictLocked()
-	}
-	for a := base; a < base+uintptr(len(b)); a += granule {
-		l.index[a/granule] = pg
-	}
-	i := l.head + l.n
-	if i >= len(l.fifo) {
-		i -= len(l.fifo)
-	}
-	l.fifo[i] = pg
-	l.n++
-	l.held += int64(len(b))
-	l.mu.Unlock()
-	l.kept.Add(1)
-}
-
-// evictLocked drops the oldest kept page.
-func (l *lender) evictLocked() {
-	pg := l.fifo[l.head]
-	l.fifo[l.head] = nil
-	l.head++
-	if l.head == len(l.fifo) {
-		l.head = 0
-	}
-	l.n--
-	b := pg.Bytes()
-	base := addr(b)
-	for a := base; a < base+uintptr(len(b)); a += granule {
-		delete(l.index, a/granule)
-	}
-	l.held -= int64(len(b))
-	l.evicted.Add(1)
-	pg.DecRef() // under l.mu: cheap, and keeps lookups from seeing it
-}
-
-// lookup returns the kept page whose memory holds all of b, with a
-// reference for the caller, or nil.
-func (l *lender) lookup(b []byte) *bufpool.Page {
+// view returns a new view of b, which must lie in a chunk of m, taking a
+// reference on the chunk; nil if b is not in one. The caller holds a view
+// of b's chunk (gVisor's receive queue does), so the chunk cannot be reused
+// meanwhile.
+func (m *viewMemory) view(b []byte) *buffer.View {
 	if len(b) == 0 {
 		return nil
 	}
 	a := addr(b)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	pg := l.index[a/granule]
-	if pg == nil {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	pv := m.index[a/granule]
+	if pv == nil {
 		return nil
 	}
-	pb := pg.Bytes()
-	if a+uintptr(len(b)) > addr(pb)+uintptr(len(pb)) {
+	base := addr(pv.AsSlice())
+	if a+uintptr(len(b)) > base+uintptr(pv.Size()) {
 		return nil
 	}
-	pg.IncRef()
-	return pg
+	v := pv.Clone()
+	v.TrimFront(int(a - base))
+	v.CapLength(len(b))
+	return v
 }
 
-// close drops every kept page.
-func (l *lender) close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for l.n > 0 {
-		l.evictLocked()
+// chunkRefs reads the reference count of v's chunk, which gVisor keeps
+// private: the pool must know whether gVisor still holds a lent page before
+// the NIC writes into it again. The field offsets come from reflect, and
+// are checked once against a chunk whose count is known; if gVisor's layout
+// ever changes, ok is false and lent pages are simply never reused.
+func chunkRefs(v *buffer.View) (n int64, ok bool) {
+	if !refsLayout.ok {
+		return 0, false
+	}
+	c := *(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(v), refsLayout.chunk))
+	if c == nil {
+		return 0, false
+	}
+	// The low 32 bits are the real references (the high ones speculative).
+	return atomic.LoadInt64((*int64)(unsafe.Add(c, refsLayout.refs))) & 0xffffffff, true
+}
+
+// refsLayout is where the chunk pointer sits in a buffer.View, and the
+// 64-bit count in a chunk.
+var refsLayout struct {
+	chunk, refs uintptr
+	ok          bool
+}
+
+func init() {
+	vt := reflect.TypeFor[buffer.View]()
+	cf, ok := vt.FieldByName("chunk")
+	if !ok || cf.Type.Kind() != reflect.Pointer || cf.Type.Elem().Kind() != reflect.Struct {
+		return
+	}
+	off, ok := fieldOffset(cf.Type.Elem(), "refCount", "value")
+	if !ok {
+		return
+	}
+	refsLayout.chunk, refsLayout.refs, refsLayout.ok = cf.Offset, off, true
+	// Check it: a new chunk has 1 reference, a clone makes 2.
+	v := buffer.NewViewSize(64)
+	c := v.Clone()
+	n2, _ := chunkRefs(v)
+	c.Release()
+	n1, _ := chunkRefs(v)
+	v.Release()
+	if n2 != 2 || n1 != 1 {
+		refsLayout.ok = false
 	}
 }
 
-func (l *lender) each(fn func(string, uint64)) {
-	fn("zc_views_lent", l.lentViews.Load())
+// fieldOffset returns the offset of the int64 t.outer.inner, following
+// embedded fields.
+func fieldOffset(t reflect.Type, outer, inner string) (uintptr, bool) {
+	of, ok := t.FieldByName(outer)
+	if !ok {
+		return 0, false
+	}
+	off := uintptr(0)
+	for i := range of.Index {
+		f := t.FieldByIndex(of.Index[:i+1])
+		off += f.Offset
+	}
+	if of.Type.Kind() != reflect.Struct {
+		return 0, false
+	}
+	inf, ok := of.Type.FieldByName(inner)
+	if !ok || inf.Type.Kind() != reflect.Int64 || len(inf.Index) != 1 {
+		return 0, false
+	}
+	return off + inf.Offset, true
+}
+
+// lendStats count the zero-copy hand-off.
+type lendStats struct {
+	views  atomic.Uint64 // frags handed to gVisor as views
+	copied atomic.Uint64 // frags copied (their page is not a chunk)
+}
+
+func (l *lendStats) each(fn func(string, uint64)) {
+	fn("zc_views_lent", l.views.Load())
 	fn("zc_frags_copied", l.copied.Load())
-	fn("zc_pages_kept", l.kept.Load())
-	fn("zc_pages_evicted", l.evicted.Load())
-	fn("zc_pages_unaligned", l.unaligned.Load())
-	l.mu.Lock()
-	held := l.held
-	l.mu.Unlock()
-	fn("zc_bytes_kept", uint64(held))
 }
 
 // lendAfter appends q's bytes from offset skip on to b: what is left of the
 // linear part as a copy, each frag as a view of its page's chunk (lent), or
 // as a copy when its page is not a chunk.
-func (l *lender) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
+func (l *lendStats) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
 	if skip < len(q.Linear) {
 		b.Append(buffer.NewViewWithData(q.Linear[skip:]))
 		skip = 0
@@ -196,10 +219,8 @@ func (l *lender) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
 		skip = 0
 		// Lend before the packet's frags are released: the pool must see
 		// the mark by the time the page's count falls back.
-		if f.Page.Lend() {
-			l.keep(f.Page)
-		}
+		f.Page.Lend()
 		b.Append(v)
-		l.lentViews.Add(1)
+		l.views.Add(1)
 	}
 }
