@@ -58,6 +58,8 @@ func transferTimeout(n int64) time.Duration {
 type rig struct {
 	bed *testbed.TAPBed
 	st  *stack.Stack
+	// views makes kernelToStack's receiver read with ReadViews.
+	views bool
 
 	closeOnce sync.Once
 }
@@ -86,7 +88,13 @@ func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 			t.Error(err)
 		}
 	})
-	pool, err := bufpool.New(bufpool.Config{Poison: true})
+	pc := bufpool.Config{Poison: true}
+	if sc.ZeroCopy {
+		// Lent pages wait in the ring while gVisor holds them.
+		pc.Memory = stack.NewChunkMemory()
+		pc.RingSize = stack.ZeroCopyRingPages
+	}
+	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,6 +312,56 @@ func acceptOne(l net.Listener, deadline time.Time) <-chan hashResult {
 	return res
 }
 
+// acceptViews is acceptOne reading with ReadViews: every view is hashed in
+// place, after the next read, then released, so that a page reused too
+// early would show in the hash.
+func acceptViews(l net.Listener, deadline time.Time) <-chan hashResult {
+	res := make(chan hashResult, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			res <- hashResult{err: fmt.Errorf("accept: %w", err)}
+			return
+		}
+		defer c.Close()
+		tc := c.(*stack.TCPConn)
+		h := sha256.New()
+		var got hashResult
+		var prev []stack.View
+		vs := make([]stack.View, 0, 64)
+		for {
+			if d := time.Now().Add(stallTimeout); d.Before(deadline) {
+				tc.SetReadDeadline(d)
+			} else {
+				tc.SetReadDeadline(deadline)
+			}
+			var n int
+			vs, n, err = tc.ReadViews(vs[:0], 1<<20)
+			// The previous read's views are hashed only now, after more
+			// traffic came in behind them.
+			for i := range prev {
+				h.Write(prev[i].Bytes())
+				prev[i].Release()
+			}
+			got.n += int64(n)
+			prev = append(prev[:0], vs...)
+			if err != nil {
+				break
+			}
+		}
+		for i := range prev {
+			h.Write(prev[i].Bytes())
+			prev[i].Release()
+		}
+		if !errors.Is(err, io.EOF) {
+			got.err = err
+		}
+		h.Sum(got.sum[:0])
+		res <- got
+	}()
+	return res
+}
+
 // waitHash waits for a receiver's result until deadline (plus a grace for
 // the receiver's own deadline to fire).
 func waitHash(t *testing.T, r *rig, res <-chan hashResult, deadline time.Time) hashResult {
@@ -333,7 +391,12 @@ func kernelToStack(t *testing.T, r *rig, v6 bool, port uint16, n int64, seed uin
 	}
 	defer l.Close()
 	deadline := time.Now().Add(transferTimeout(n))
-	res := acceptOne(l, deadline)
+	var res <-chan hashResult
+	if r.views {
+		res = acceptViews(l, deadline)
+	} else {
+		res = acceptOne(l, deadline)
+	}
 
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

@@ -129,6 +129,9 @@ func New(cfg Config) (s *Stack, err error) {
 		}
 		if pc.RingSize == 0 {
 			pc.RingSize = ringPages(&dc, &pc)
+			if cfg.ZeroCopy {
+				pc.RingSize += ZeroCopyRingPages
+			}
 		}
 		if dc.Pool, err = bufpool.New(pc); err != nil {
 			return nil, err
@@ -227,6 +230,13 @@ func newGVisor(ep gstack.LinkEndpoint, cfg *Config) (*gstack.Stack, error) {
 	ip.SetRouteTable(routes)
 	return ip, nil
 }
+
+// ZeroCopyRingPages is what a zero-copy stack adds to its pool's ring: with
+// zero copy, pages also wait there while gVisor's socket buffers hold them,
+// so the ring holds 16 MiB of 4 KB pages more (a few connections' receive
+// buffers). A page that finds the ring full is let go: gVisor keeps it, but
+// ReadViews then copies it.
+const ZeroCopyRingPages = 4096
 
 // ringPages sizes the pool's quarantine ring for every page the RX ring can
 // have in flight: each completion entry's frame may span a page more than
