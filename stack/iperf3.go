@@ -310,10 +310,17 @@ func (srv *IPerf3Server) dispatch(c net.Conn) {
 	}
 }
 
-// iperf3Deny sends ACCESS_DENIED on c and closes it.
+// iperf3Deny sends ACCESS_DENIED on c and closes it. What the client sent
+// (its cookie) is read and dropped first, for at most timeout, so that the
+// close is an orderly one rather than a reset that could overtake the
+// message.
 func iperf3Deny(c net.Conn, timeout time.Duration) {
-	c.SetWriteDeadline(time.Now().Add(timeout))
+	c.SetDeadline(time.Now().Add(timeout))
 	c.Write([]byte{0xff}) // ACCESS_DENIED (-1)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+	}
 	c.Close()
 }
 
