@@ -14,6 +14,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // The iperf3 protocol, as iperf3 (esnet/iperf: src/iperf_api.c,
@@ -68,6 +73,10 @@ const (
 	iperf3DefaultUDPBlock = 1460
 	// iperf3MaxJSON bounds a JSON message from a client.
 	iperf3MaxJSON = 1 << 20
+	// iperf3UDPBuffer is the UDP socket's receive buffer: a few
+	// milliseconds of a fast UDP test, so that a reader that is
+	// descheduled briefly loses nothing (gVisor caps it at its maximum).
+	iperf3UDPBuffer = 4 << 20
 )
 
 // iperf3 error numbers (i_errno, iperf_api.h) the server sends after
@@ -567,7 +576,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 	res.Protocol, res.Streams, res.Reverse, res.Bidir = "tcp", set.streams, set.reverse, set.bidir
 	if set.udp {
 		res.Protocol = "udp"
-		if t.udp, err = t.srv.st.ListenUDP(t.srv.addr); err != nil {
+		if t.udp, err = t.srv.st.listenUDPBuffer(t.srv.addr, iperf3UDPBuffer); err != nil {
 			t.serverError(iperf3ErrStreamListen)
 			return fmt.Errorf("iperf3: %w", err)
 		}
@@ -1159,6 +1168,25 @@ func iperf3ReadJSON(r io.Reader, v any) error {
 		return err
 	}
 	return json.Unmarshal(b, v)
+}
+
+// listenUDPBuffer is ListenUDP with a receive buffer of size bytes.
+func (s *Stack) listenUDPBuffer(addr netip.AddrPort, size int64) (net.PacketConn, error) {
+	fa, proto := fullAddr(addr)
+	if addr.Addr().IsUnspecified() {
+		fa.Addr = tcpip.Address{}
+	}
+	var wq waiter.Queue
+	ep, e := s.ip.NewEndpoint(udp.ProtocolNumber, proto, &wq)
+	if e != nil {
+		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
+	}
+	ep.SocketOptions().SetReceiveBufferSize(size, true)
+	if e := ep.Bind(fa); e != nil {
+		ep.Close()
+		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
+	}
+	return &packetConn{PacketConn: gonet.NewUDPConn(&wq, ep)}, nil
 }
 
 // addrPortOf returns a's address and port if it is a TCP or UDP address.
