@@ -108,8 +108,9 @@ const (
 // IPerf3Config configures an iperf3 server. The zero value is usable.
 type IPerf3Config struct {
 	// OnTest, if set, is called with the result of every test the server
-	// ran, completed or not, once the test's connections are closed. It
-	// runs on the test's goroutine; another test may start meanwhile.
+	// ran, completed or not, once the test's connections are closed and
+	// its goroutines have ended. It runs on a goroutine of the server
+	// (Serve waits for it); another test may start meanwhile.
 	OnTest func(IPerf3Result)
 	// StepTimeout bounds every wait outside the running phase: the
 	// cookie, the parameters, the stream connections, the client's
@@ -210,7 +211,8 @@ type IPerf3Server struct {
 	cfg  IPerf3Config
 	l    net.Listener
 
-	closing   chan struct{}
+	ctx       context.Context // done when the server closes
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 	wg        sync.WaitGroup // every goroutine Serve started
 
@@ -227,7 +229,8 @@ func (s *Stack) ListenIPerf3(addr netip.AddrPort, cfg IPerf3Config) (*IPerf3Serv
 	if err != nil {
 		return nil, fmt.Errorf("iperf3: %w", err)
 	}
-	return &IPerf3Server{st: s, addr: addr, cfg: cfg, l: l, closing: make(chan struct{})}, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &IPerf3Server{st: s, addr: addr, cfg: cfg, l: l, ctx: ctx, cancel: cancel}, nil
 }
 
 // ServeIPerf3 listens on addr and serves iperf3 clients until ctx is done.
@@ -253,7 +256,7 @@ func (srv *IPerf3Server) Addr() net.Addr { return srv.l.Addr() }
 func (srv *IPerf3Server) Close() error {
 	var err error
 	srv.closeOnce.Do(func() {
-		close(srv.closing)
+		srv.cancel()
 		err = srv.l.Close()
 	})
 	return err
@@ -269,7 +272,7 @@ func (srv *IPerf3Server) Serve() error {
 		c, err := srv.l.Accept()
 		if err != nil {
 			select {
-			case <-srv.closing:
+			case <-srv.ctx.Done():
 				return nil
 			default:
 			}
@@ -314,17 +317,18 @@ func (srv *IPerf3Server) dispatch(c net.Conn) {
 		srv.wg.Add(1)
 		go func() {
 			defer srv.wg.Done()
-			iperf3Deny(c, srv.cfg.stepTimeout())
+			srv.deny(c)
 		}()
 	}
 }
 
-// iperf3Deny sends ACCESS_DENIED on c and closes it. What the client sent
-// (its cookie) is read and dropped first, for at most timeout, so that the
-// close is an orderly one rather than a reset that could overtake the
-// message.
-func iperf3Deny(c net.Conn, timeout time.Duration) {
-	c.SetDeadline(time.Now().Add(timeout))
+// deny sends ACCESS_DENIED on c and closes it. What the client sent (its
+// cookie) is read and dropped first, for at most StepTimeout or until the
+// server closes, so that the close is an orderly one rather than a reset
+// that could overtake the message.
+func (srv *IPerf3Server) deny(c net.Conn) {
+	defer context.AfterFunc(srv.ctx, func() { c.Close() })()
+	c.SetDeadline(time.Now().Add(srv.cfg.stepTimeout()))
 	c.Write([]byte{0xff}) // ACCESS_DENIED (-1)
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
@@ -554,7 +558,9 @@ func (t *iperf3Test) run() IPerf3Result {
 // time of TEST_END.
 func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 	step := t.srv.cfg.stepTimeout()
-	t.ctrl.SetReadDeadline(time.Now().Add(step))
+	wake := t.wakeOnClose()
+	defer wake()
+	t.armRead(step)
 	if _, err := io.ReadFull(t.ctrl, t.cookie[:]); err != nil {
 		return fmt.Errorf("iperf3: read cookie: %w", err)
 	}
@@ -566,6 +572,8 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 		t.serverError(iperf3ErrRecvParams)
 		return fmt.Errorf("iperf3: read parameters: %w", err)
 	}
+	// From here to TEST_END the protocol's waits watch ctx themselves.
+	wake()
 	t.ctrl.SetReadDeadline(time.Time{})
 	set, code, err := p.settings()
 	if err != nil {
@@ -628,7 +636,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 		}
 	case <-timer.C:
 		return ErrIPerf3TimeLimit
-	case <-t.srv.closing:
+	case <-t.srv.ctx.Done():
 		t.send(iperf3ServerTerminate)
 		return ErrIPerf3ServerClosed
 	}
@@ -638,10 +646,11 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 	t.swg.Wait()
 
 	// Results: the client's first, then ours (iperf_exchange_results).
+	defer t.wakeOnClose()()
 	if err := t.send(iperf3ExchangeResults); err != nil {
 		return err
 	}
-	t.ctrl.SetReadDeadline(time.Now().Add(step))
+	t.armRead(step)
 	// Only the byte counts are kept; iperf3 writes -1 as 2^64-1, among
 	// other things, so the rest is not decoded.
 	var theirs struct {
@@ -662,7 +671,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 		return err
 	}
 	var b [1]byte
-	t.ctrl.SetReadDeadline(time.Now().Add(step))
+	t.armRead(step)
 	if _, err := io.ReadFull(t.ctrl, b[:]); err != nil {
 		return fmt.Errorf("iperf3: waiting for IPERF_DONE: %w", err)
 	}
@@ -670,6 +679,21 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 		return fmt.Errorf("iperf3: got message %d, want IPERF_DONE", int8(b[0]))
 	}
 	return nil
+}
+
+// wakeOnClose makes the server's closing end the control connection's
+// reads (see armRead) until the returned function is called.
+func (t *iperf3Test) wakeOnClose() (stop func() bool) {
+	return context.AfterFunc(t.srv.ctx, func() { t.ctrl.SetReadDeadline(time.Now()) })
+}
+
+// armRead sets the control connection's read deadline d from now, or now
+// if the server is closing.
+func (t *iperf3Test) armRead(d time.Duration) {
+	t.ctrl.SetReadDeadline(time.Now().Add(d))
+	if t.srv.ctx.Err() != nil {
+		t.ctrl.SetReadDeadline(time.Now())
+	}
 }
 
 // collectStreams waits for the test's streams to connect, at most step.
@@ -687,7 +711,7 @@ func (t *iperf3Test) collectStreams(step time.Duration) error {
 			return t.ctrlError(m, 0)
 		case <-timer.C:
 			return fmt.Errorf("iperf3: %d of %d streams connected in %v", len(t.streams), t.set.total(), step)
-		case <-t.srv.closing:
+		case <-t.srv.ctx.Done():
 			t.send(iperf3ServerTerminate)
 			return ErrIPerf3ServerClosed
 		}
@@ -742,16 +766,17 @@ func (t *iperf3Test) readCtrl() {
 // stream if the cookie is the test's; a stranger gets ACCESS_DENIED
 // (iperf_tcp_accept).
 func (t *iperf3Test) joinTCP(c net.Conn) {
-	step := t.srv.cfg.stepTimeout()
 	var cookie [iperf3CookieSize]byte
-	c.SetReadDeadline(time.Now().Add(step))
-	if _, err := io.ReadFull(c, cookie[:]); err != nil {
+	c.SetReadDeadline(time.Now().Add(t.srv.cfg.stepTimeout()))
+	stop := context.AfterFunc(t.srv.ctx, func() { c.Close() })
+	_, err := io.ReadFull(c, cookie[:])
+	if !stop() || err != nil {
 		c.Close()
 		return
 	}
 	c.SetReadDeadline(time.Time{})
 	if cookie != t.cookie || t.state.Load() != iperf3CreateStreams {
-		iperf3Deny(c, step)
+		t.srv.deny(c)
 		return
 	}
 	select {

@@ -481,6 +481,39 @@ func TestIPerf3ServerClose(t *testing.T) {
 	}
 }
 
+// TestIPerf3CloseWhileWaiting closes the server while it waits for a
+// client that sends nothing, and for a refused client that does not go
+// away: Serve must return at once, not after StepTimeout (startIPerf3's
+// cleanup allows it far less).
+func TestIPerf3CloseWhileWaiting(t *testing.T) {
+	for _, phase := range []string{"parameters", "results"} {
+		t.Run(phase, func(t *testing.T) {
+			rx, peer := pair(t, driver.Config{})
+			srv, results := startIPerf3(t, rx, IPerf3Config{StepTimeout: time.Hour})
+			c := dialIPerf3(t, peer, testCookie)
+			if phase == "parameters" {
+				c.expect(iperf3ParamExchange)
+			} else {
+				c.start(map[string]any{"tcp": true, "time": 10, "parallel": 1})
+				c.dialStream()
+				c.expect(iperf3TestStart)
+				c.expect(iperf3TestRunning)
+				c.send(iperf3TestEnd)
+				c.expect(iperf3ExchangeResults)
+			}
+			b := dialIPerf3(t, peer, "refused, and stays")
+			var one [1]byte
+			if _, err := io.ReadFull(b.ctrl, one[:]); err != nil || int8(one[0]) != iperf3AccessDenied {
+				t.Fatalf("second client: got %v %v, want ACCESS_DENIED", one, err)
+			}
+			srv.Close()
+			if r := result(t, results); r.Err == nil {
+				t.Error("result: got no error")
+			}
+		})
+	}
+}
+
 func TestIPerf3ServerError(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -227,6 +227,10 @@ func parseServe(name, v string, addrs []netip.Prefix) (netip.AddrPort, error) {
 
 // logIPerf3 prints one line on stderr for every iperf3 test served.
 func logIPerf3(r stack.IPerf3Result) {
+	if r.Protocol == "" {
+		fmt.Fprintf(os.Stderr, "ustack: iperf3 connection from %s ended before a test: %v\n", r.Client, r.Err)
+		return
+	}
 	dir := "received"
 	bytes, bps := r.BytesReceived, r.ReceivedBitsPerSecond()
 	switch {
