@@ -47,6 +47,7 @@ type iperf3Sum struct {
 	Packets     float64 `json:"packets"`
 	LostPackets float64 `json:"lost_packets"`
 	LostPercent float64 `json:"lost_percent"`
+	Retransmits *int64  `json:"retransmits"`
 }
 
 // runIPerf3 runs `iperf3 -c dst --json args...` in ns, bounded in time,
@@ -186,6 +187,10 @@ func TestIPerf3Run(t *testing.T) {
 			if tc.reverse {
 				if line[3] != "sent" || uint64(sent.Bytes) != server {
 					t.Errorf("end.sum_sent.bytes %.0f, server line %q: want the server's sent bytes", sent.Bytes, line[0])
+				}
+				// ustack's TCP sender reports its retransmits.
+				if tc.proto == "tcp" && (sent.Retransmits == nil || *sent.Retransmits < 0) {
+					t.Errorf("end.sum_sent.retransmits: got %v, want a count", sent.Retransmits)
 				}
 			} else if line[3] != "received" || uint64(recv.Bytes) != server {
 				t.Errorf("end.sum_received.bytes %.0f, server line %q: want the server's received bytes", recv.Bytes, line[0])

@@ -17,6 +17,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -160,6 +161,9 @@ type IPerf3Result struct {
 	// missing, and arrived out of order. Jitter is their mean jitter.
 	Packets, Lost, OutOfOrder uint64
 	Jitter                    time.Duration
+	// Retransmits counts the TCP segments the server retransmitted on
+	// the streams it sent on.
+	Retransmits uint64
 	// ClientBytes is the byte count the client reported in the results
 	// exchange, over all its streams (sent and received; 0 before it).
 	ClientBytes uint64
@@ -204,7 +208,8 @@ var (
 // Accepted and ignored: -w, -M, -N, -C, -S, --fq-rate, --zerocopy and the
 // like, which set options on the client's sockets or need socket options
 // the stack's sockets do not have. Refused with SERVER_ERROR: SCTP,
-// authentication. Retransmits are reported as -1 (unknown).
+// authentication. The retransmits of a TCP stream the server sends on are
+// its gVisor endpoint's.
 type IPerf3Server struct {
 	st   *Stack
 	addr netip.AddrPort
@@ -506,14 +511,19 @@ type iperf3Stream struct {
 	conn net.Conn // TCP stream
 	peer net.Addr // UDP stream: the client's socket
 
+	// retrans is the TCP endpoint's retransmit counter (nil: unknown).
+	retrans *tcpip.StatCounter
+
 	bytes   atomic.Uint64
 	packets atomic.Uint64 // UDP: datagrams sent, or the highest sequence number received
 	lost    atomic.Uint64 // UDP receive: sequence gaps, less late arrivals
 	ooo     atomic.Uint64 // UDP receive: out-of-order datagrams
 	jitter  atomic.Uint64 // UDP receive: float64 bits, seconds
 
-	// At the end of the omitted seconds.
-	omitBytes, omitPackets, omitLost, omitOOO uint64
+	// At the start of the test (retransmits), and at the end of the
+	// omitted seconds.
+	retrans0                                               uint64
+	omitBytes, omitPackets, omitLost, omitOOO, omitRetrans uint64
 
 	// UDP receive state of the reading goroutine.
 	seen        bool
@@ -616,6 +626,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 		return err
 	}
 	for _, s := range t.streams {
+		s.retrans0 = s.retransmits()
 		t.startStream(s)
 	}
 	if set.omit > 0 {
@@ -704,7 +715,7 @@ func (t *iperf3Test) collectStreams(step time.Duration) error {
 		select {
 		case c := <-t.tcpJoin:
 			i := len(t.streams)
-			t.streams = append(t.streams, &iperf3Stream{id: iperf3StreamID(i), send: t.set.sender(i), conn: c})
+			t.streams = append(t.streams, &iperf3Stream{id: iperf3StreamID(i), send: t.set.sender(i), conn: c, retrans: tcpRetransmits(c)})
 		case s := <-t.udpJoin:
 			t.streams = append(t.streams, s)
 		case m := <-t.ctrlMsgs:
@@ -714,6 +725,17 @@ func (t *iperf3Test) collectStreams(step time.Duration) error {
 		case <-t.srv.ctx.Done():
 			t.send(iperf3ServerTerminate)
 			return ErrIPerf3ServerClosed
+		}
+	}
+	return nil
+}
+
+// tcpRetransmits returns the retransmit counter of c's gVisor endpoint, or
+// nil if c is not one of the stack's TCP connections.
+func tcpRetransmits(c net.Conn) *tcpip.StatCounter {
+	if tc, ok := c.(*TCPConn); ok {
+		if st, ok := tc.ep.Stats().(*tcp.Stats); ok {
+			return &st.SendErrors.Retransmits
 		}
 	}
 	return nil
@@ -1060,6 +1082,7 @@ func (t *iperf3Test) omitTimer() {
 		s.omitPackets = s.packets.Load()
 		s.omitLost = s.lost.Load()
 		s.omitOOO = s.ooo.Load()
+		s.omitRetrans = s.retransmits()
 	}
 	t.omitted.Store(&now)
 }
@@ -1076,9 +1099,19 @@ func (t *iperf3Test) measured() time.Time {
 // results are the server's results for the client. Call only after the
 // streams have stopped.
 func (t *iperf3Test) results(end time.Time) iperf3Results {
+	// As iperf3: -1 when the server only received, else whether it
+	// knows its retransmits (UDP: no).
 	r := iperf3Results{SenderHasRetransmits: -1}
 	if t.set.reverse || t.set.bidir {
-		r.SenderHasRetransmits = 0 // sending, but retransmits unknown
+		r.SenderHasRetransmits = 0
+		if !t.set.udp {
+			r.SenderHasRetransmits = 1
+			for _, s := range t.streams {
+				if s.send && s.retrans == nil {
+					r.SenderHasRetransmits = 0
+				}
+			}
+		}
 	}
 	wall := end.Sub(t.start).Seconds()
 	if u, s := processCPU(); wall > 0 {
@@ -1089,10 +1122,14 @@ func (t *iperf3Test) results(end time.Time) iperf3Results {
 	secs := end.Sub(t.measured()).Seconds()
 	for _, s := range t.streams {
 		c := s.counts()
+		retrans := int64(-1)
+		if s.send && s.retrans != nil {
+			retrans = int64(c.retrans)
+		}
 		r.Streams = append(r.Streams, iperf3StreamResult{
 			ID:          s.id,
 			Bytes:       c.bytes,
-			Retransmits: -1,
+			Retransmits: retrans,
 			Jitter:      c.jitter,
 			Errors:      int64(c.lost),
 			Packets:     int64(c.packets),
@@ -1105,8 +1142,8 @@ func (t *iperf3Test) results(end time.Time) iperf3Results {
 
 // iperf3Counts are a stream's counters less the omitted seconds'.
 type iperf3Counts struct {
-	bytes, packets, lost, ooo uint64
-	jitter                    float64
+	bytes, packets, lost, ooo, retrans uint64
+	jitter                             float64
 }
 
 func (s *iperf3Stream) counts() iperf3Counts {
@@ -1115,8 +1152,17 @@ func (s *iperf3Stream) counts() iperf3Counts {
 		packets: s.packets.Load() - s.omitPackets,
 		lost:    s.lost.Load() - min(s.lost.Load(), s.omitLost),
 		ooo:     s.ooo.Load() - s.omitOOO,
+		retrans: s.retransmits() - max(s.retrans0, s.omitRetrans),
 		jitter:  math.Float64frombits(s.jitter.Load()),
 	}
+}
+
+// retransmits reads the stream's retransmit counter (0 if unknown).
+func (s *iperf3Stream) retransmits() uint64 {
+	if s.retrans == nil {
+		return 0
+	}
+	return s.retrans.Value()
 }
 
 // fill adds the streams' counts to res.
@@ -1128,6 +1174,7 @@ func (t *iperf3Test) fill(res *IPerf3Result, end time.Time) {
 		c := s.counts()
 		if s.send {
 			res.BytesSent += c.bytes
+			res.Retransmits += c.retrans
 			continue
 		}
 		res.BytesReceived += c.bytes

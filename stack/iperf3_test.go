@@ -267,8 +267,11 @@ func TestIPerf3ReverseBytes(t *testing.T) {
 	if len(res.Streams) != 1 || res.Streams[0].Bytes != uint64(want) {
 		t.Errorf("server results: got %+v, want one stream of %d bytes", res.Streams, want)
 	}
-	if res.SenderHasRetransmits != 0 {
-		t.Errorf("sender_has_retransmits: got %d, want 0 (sending, retransmits unknown)", res.SenderHasRetransmits)
+	if res.SenderHasRetransmits != 1 {
+		t.Errorf("sender_has_retransmits: got %d, want 1 (sending over the stack's TCP)", res.SenderHasRetransmits)
+	}
+	if len(res.Streams) == 1 && res.Streams[0].Retransmits < 0 {
+		t.Errorf("stream retransmits: got %d, want a count", res.Streams[0].Retransmits)
 	}
 	r := result(t, results)
 	if r.Err != nil || !r.Reverse || r.BytesSent != uint64(want) || r.BytesReceived != 0 {

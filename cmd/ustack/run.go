@@ -243,6 +243,9 @@ func logIPerf3(r stack.IPerf3Result) {
 	}
 	line := fmt.Sprintf("ustack: iperf3 %s test from %s, %d streams: %s %d bytes in %.3fs, %.3f Gbit/s",
 		r.Protocol, r.Client, r.Streams, dir, bytes, r.Duration.Seconds(), bps/1e9)
+	if r.Protocol == "tcp" && (r.Reverse || r.Bidir) {
+		line += fmt.Sprintf(", %d retransmits", r.Retransmits)
+	}
 	if r.Protocol == "udp" && !r.Reverse {
 		line += fmt.Sprintf(", lost %d/%d datagrams, jitter %.3f ms", r.Lost, r.Packets, float64(r.Jitter)/1e6)
 	}
