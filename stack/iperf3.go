@@ -473,27 +473,27 @@ type iperf3Test struct {
 	srv    *IPerf3Server
 	ctrl   net.Conn
 	cookie [iperf3CookieSize]byte
-	set    iperf3Settings // written before state leaves 0, read-only after
+	set    iperf3Settings // written before state becomes CREATE_STREAMS, read-only after
 
 	// state is the protocol state (PARAM_EXCHANGE, ...): dispatch and the
 	// stream goroutines read it.
 	state atomic.Int32
 
-	udp      net.PacketConn            // UDP tests: the stream socket
-	tcpJoin  chan net.Conn             // TCP streams whose cookie matched
-	udpJoin  chan *iperf3Stream        // UDP streams that said hello
-	ctrlMsgs chan iperf3CtrlMsg        // from the control reader
-	streams  []*iperf3Stream           // owned by run
-	halt     chan struct{}             // closed when the streams must stop
-	haltOnce sync.Once                 //
+	udp      net.PacketConn     // UDP tests: the stream socket
+	tcpJoin  chan net.Conn      // TCP streams whose cookie matched
+	udpJoin  chan *iperf3Stream // UDP streams that said hello
+	ctrlMsgs chan iperf3CtrlMsg // from the control reader
+	streams  []*iperf3Stream    // owned by run
+	halt     chan struct{}      // closed when the streams must stop (haltOnce)
+	haltOnce sync.Once
 	stop     chan struct{}             // closed when the test ends
 	wg       sync.WaitGroup            // the test's own goroutines
-	swg      sync.WaitGroup            // stream goroutines (a subset of wg)
+	swg      sync.WaitGroup            // stream goroutines and the omit timer (a subset of wg)
 	sent     atomic.Uint64             // bytes sent over all streams
 	blocks   atomic.Uint64             // blocks (writes, datagrams) sent
 	start    time.Time                 // TEST_RUNNING
-	cpuUser0 time.Duration             // the process's CPU times at start
-	cpuSys0  time.Duration             //
+	cpuUser0 time.Duration             // the process's user CPU time at start
+	cpuSys0  time.Duration             // and its system CPU time
 	omitted  atomic.Pointer[time.Time] // end of the omitted seconds, once passed
 }
 
