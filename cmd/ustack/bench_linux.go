@@ -51,6 +51,7 @@ func benchCmd(args []string) error {
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
 		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole run (every row) to this file")
+		client  = fs.String("client", clientBuiltin, "TCP sender: builtin (ustack send, a kernel socket of ours) or iperf3 (the iperf3 client against ustack's iperf3 server)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -68,6 +69,21 @@ func benchCmd(args []string) error {
 	}
 	if *dur <= 0 || *dur > time.Minute || *rounds < 1 || *rounds > 50 {
 		return usageError{errors.New("want 0 < -t <= 1m and 1 <= -rounds <= 50")}
+	}
+	sender := "kernel sender (ustack send)"
+	switch *client {
+	case clientBuiltin:
+	case clientIPerf3:
+		if *cpump || os.Geteuid() != 0 {
+			return usageError{errors.New("-client iperf3 needs root and does not apply to -cpumap")}
+		}
+		v, err := iperf3Version()
+		if err != nil {
+			return err
+		}
+		sender = "iperf3 client (" + v + ")"
+	default:
+		return usageError{fmt.Errorf("-client %q: want builtin or iperf3", *client)}
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "ustack bench: not root, so no TAP or namespace: measuring over the in-memory wire with a gVisor TCP sender instead")
@@ -99,8 +115,8 @@ func benchCmd(args []string) error {
 	if *cpump {
 		return benchCPUMap(bed, exe, *dur, *rounds, *mtu)
 	}
-	fmt.Printf("ustack bench: TCP bulk, kernel sender in netns %s -> TAP %s -> ustack, MTU %d, write %d B, sender congestion control %s, %v per run, %d rounds interleaved\n",
-		bed.NS.Name, bed.TAPName, *mtu, *wsize, *cc, *dur, *rounds)
+	fmt.Printf("ustack bench: TCP bulk, %s in netns %s -> TAP %s -> ustack, MTU %d, write %d B, sender congestion control %s, %v per run, %d rounds interleaved\n",
+		sender, bed.NS.Name, bed.TAPName, *mtu, *wsize, *cc, *dur, *rounds)
 	var counts []int
 	for _, f := range strings.Split(*streams, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -119,6 +135,9 @@ func benchCmd(args []string) error {
 			}
 		}
 		rows = expanded
+	}
+	for i := range rows {
+		rows[i].client = *client
 	}
 	results := make([][]sample, len(rows))
 	for r := 0; r < *rounds; r++ {
@@ -154,18 +173,27 @@ func benchRun(bed *testbed.TAPBed, exe string, row benchRow, dur time.Duration, 
 		return s, err
 	}
 	defer st.Close()
-	l, err := st.ListenTCP(netip.AddrPortFrom(bed.StackAddr4.Addr(), benchPort))
-	if err != nil {
-		return s, err
-	}
+	ap := netip.AddrPortFrom(bed.StackAddr4.Addr(), benchPort)
 	var received atomic.Uint64
-	served := make(chan error, 1)
-	go func() { served <- row.pol.discard()(l, &received) }()
-	defer func() { l.Close(); <-served }()
+	if row.client == clientIPerf3 {
+		stop, err := benchIPerf3Serve(st.Stack, ap, &received)
+		if err != nil {
+			return s, err
+		}
+		defer stop()
+	} else {
+		l, err := st.ListenTCP(ap)
+		if err != nil {
+			return s, err
+		}
+		served := make(chan error, 1)
+		go func() { served <- row.pol.discard()(l, &received) }()
+		defer func() { l.Close(); <-served }()
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), dur+30*time.Second)
 	defer cancel()
-	cmd := bed.NS.Exec(ctx, exe, "send", "-addr", netip.AddrPortFrom(bed.StackAddr4.Addr(), benchPort).String(),
+	cmd := bed.NS.Exec(ctx, exe, "send", "-addr", ap.String(),
 		"-t", dur.String(), "-cc", cc, "-w", strconv.Itoa(wsize), "-P", strconv.Itoa(max(1, row.streams)))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -175,14 +203,22 @@ func benchRun(bed *testbed.TAPBed, exe string, row benchRow, dur time.Duration, 
 		nic0 = d.Stats().NICCPUNanos.Load()
 	}
 	stopSampling := samplePool(st, &s.peakHeld)
-	err = cmd.Run()
-	stopSampling()
-	if err != nil {
-		return s, fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
-	}
 	var res sendResult
-	if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
-		return s, fmt.Errorf("sender output %q: %v", out.String(), err)
+	if row.client == clientIPerf3 {
+		res, err = benchIPerf3Send(bed.NS, ap, dur, max(1, row.streams), cc, wsize)
+		stopSampling()
+		if err != nil {
+			return s, fmt.Errorf("sender: %w", err)
+		}
+	} else {
+		err = cmd.Run()
+		stopSampling()
+		if err != nil {
+			return s, fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
+		}
+		if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
+			return s, fmt.Errorf("sender output %q: %v", out.String(), err)
+		}
 	}
 	// Everything sent must arrive before the figures are taken.
 	deadline := time.Now().Add(10 * time.Second)

@@ -107,7 +107,8 @@ type benchRow struct {
 	name    string
 	streams int // parallel TCP streams (0 or 1: one)
 	pol     policy
-	stock   bool // gVisor's stock fdbased endpoint instead of ustack's driver
+	stock   bool   // gVisor's stock fdbased endpoint instead of ustack's driver
+	client  string // the sender on a TAP (-client): builtin or iperf3; "": builtin
 }
 
 // defaultRows are the bench's configurations: {LRO on, off} x {hds auto,

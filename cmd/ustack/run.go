@@ -30,6 +30,7 @@ func runCmd(args []string) error {
 		tap     = fs.String("tap", "", "TAP device to attach to (created if it does not exist)")
 		discard = fs.String("discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
 		echo    = fs.String("echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
+		iperf3  = fs.String("iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
 		stats   = fs.Duration("stats", 0, "print counters every DURATION (0: only at exit)")
 		pcap    = fs.String("pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
 		pcapW   = fs.String("pcap-wire", "", "write the frames as read from the TAP to this pcap file")
@@ -58,6 +59,10 @@ func runCmd(args []string) error {
 		return usageError{err}
 	}
 	eport, err := parseServe("echo", *echo, addrs)
+	if err != nil {
+		return usageError{err}
+	}
+	iport, err := parseServe("iperf3", *iperf3, addrs)
 	if err != nil {
 		return usageError{err}
 	}
@@ -127,6 +132,19 @@ func runCmd(args []string) error {
 			start(func() error { return pol.discard()(l, nil) })
 			start(func() error { return stack.ServeUDPDiscard(u, nil, nil) })
 		}
+	}
+	if iport.IsValid() {
+		srv, err := s.ListenIPerf3(iport, stack.IPerf3Config{OnTest: logIPerf3})
+		if err != nil {
+			for _, c := range closers {
+				c.Close()
+			}
+			s.Close()
+			wg.Wait()
+			return err
+		}
+		closers = append(closers, srv)
+		start(srv.Serve)
 	}
 	if *metrics != "" {
 		ml, err := net.Listen("tcp", *metrics)
@@ -205,6 +223,36 @@ func parseServe(name, v string, addrs []netip.Prefix) (netip.AddrPort, error) {
 		}
 	}
 	return netip.AddrPortFrom(any, uint16(p)), nil
+}
+
+// logIPerf3 prints one line on stderr for every iperf3 test served.
+func logIPerf3(r stack.IPerf3Result) {
+	if r.Protocol == "" {
+		fmt.Fprintf(os.Stderr, "ustack: iperf3 connection from %s ended before a test: %v\n", r.Client, r.Err)
+		return
+	}
+	dir := "received"
+	bytes, bps := r.BytesReceived, r.ReceivedBitsPerSecond()
+	switch {
+	case r.Bidir:
+		dir = "received+sent"
+		bytes, bps = r.BytesReceived+r.BytesSent, r.ReceivedBitsPerSecond()+r.SentBitsPerSecond()
+	case r.Reverse:
+		dir = "sent"
+		bytes, bps = r.BytesSent, r.SentBitsPerSecond()
+	}
+	line := fmt.Sprintf("ustack: iperf3 %s test from %s, %d streams: %s %d bytes in %.3fs, %.3f Gbit/s",
+		r.Protocol, r.Client, r.Streams, dir, bytes, r.Duration.Seconds(), bps/1e9)
+	if r.Protocol == "tcp" && (r.Reverse || r.Bidir) {
+		line += fmt.Sprintf(", %d retransmits", r.Retransmits)
+	}
+	if r.Protocol == "udp" && !r.Reverse {
+		line += fmt.Sprintf(", lost %d/%d datagrams, jitter %.3f ms", r.Lost, r.Packets, float64(r.Jitter)/1e6)
+	}
+	if r.Err != nil {
+		line += fmt.Sprintf(", ended: %v", r.Err)
+	}
+	fmt.Fprintln(os.Stderr, line)
 }
 
 // printCounters prints every counter as `ethtool -S` does.

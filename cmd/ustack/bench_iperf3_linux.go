@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/stack"
+)
+
+// The bench's senders (-client).
+const (
+	clientBuiltin = "builtin" // `ustack send`, a kernel TCP sender of ours
+	clientIPerf3  = "iperf3"  // the iperf3 client against ustack's iperf3 server
+)
+
+// iperf3Send runs the iperf3 client (`iperf3 -c`, from the system's
+// iperf3 package) in ns against an iperf3 server at dst (such as
+// stack.ServeIPerf3) for dur, rounded up to whole seconds as iperf3's -t
+// takes them, with streams parallel streams (-P): TCP when udpSize is 0,
+// else UDP datagrams of udpSize bytes at an unlimited rate (-u -l udpSize
+// -b 0). It returns the rate the receiver measured (end.sum_received of
+// the client's --json report).
+func iperf3Send(ns *testbed.Netns, dst netip.AddrPort, dur time.Duration, streams int, udpSize int) (bitsPerSec float64, err error) {
+	r, err := iperf3Run(ns, dst, iperf3Options{dur: dur, streams: streams, udpSize: udpSize})
+	return r.bitsPerSec, err
+}
+
+// iperf3Options are the client's settings for iperf3Run.
+type iperf3Options struct {
+	dur     time.Duration
+	streams int
+	udpSize int    // UDP datagram size; 0: TCP
+	cc      string // TCP congestion control (-C); "": the kernel's default
+	wsize   int    // TCP write size (-l); 0: iperf3's default (128 KiB)
+}
+
+// iperf3Report is what the bench takes from the client's JSON report.
+type iperf3Report struct {
+	bytes       int64   // received by the server (end.sum_received.bytes)
+	seconds     float64 // over which the server received them
+	bitsPerSec  float64 // end.sum_received.bits_per_second
+	lostPercent float64 // UDP
+	congestion  string  // the TCP sender's congestion control
+}
+
+// iperf3JSON is the part of `iperf3 --json` output the bench reads.
+type iperf3JSON struct {
+	Error string `json:"error"`
+	End   struct {
+		SumReceived         *iperf3Sum `json:"sum_received"`
+		Sum                 *iperf3Sum `json:"sum"` // UDP, before 3.10
+		SenderTCPCongestion string     `json:"sender_tcp_congestion"`
+	} `json:"end"`
+}
+
+type iperf3Sum struct {
+	Seconds       float64 `json:"seconds"`
+	Bytes         float64 `json:"bytes"`
+	BitsPerSecond float64 `json:"bits_per_second"`
+	LostPercent   float64 `json:"lost_percent"`
+}
+
+// iperf3Run runs the iperf3 client in ns against dst and returns its
+// report. The client runs at most dur plus 30 seconds.
+func iperf3Run(ns *testbed.Netns, dst netip.AddrPort, o iperf3Options) (iperf3Report, error) {
+	var r iperf3Report
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		return r, errors.New("iperf3 not found: install it (apt-get install iperf3)")
+	}
+	if o.dur <= 0 || o.streams < 1 || o.streams > 128 || o.udpSize < 0 || o.udpSize > 65507 {
+		return r, fmt.Errorf("iperf3: want a duration > 0, 1..128 streams and a UDP size of 0..65507, got %v, %d, %d", o.dur, o.streams, o.udpSize)
+	}
+	secs := int(math.Ceil(o.dur.Seconds()))
+	args := []string{"-c", dst.Addr().String(), "-p", strconv.Itoa(int(dst.Port())),
+		"-t", strconv.Itoa(secs), "-P", strconv.Itoa(o.streams), "--json", "--connect-timeout", "5000"}
+	if o.udpSize > 0 {
+		args = append(args, "-u", "-l", strconv.Itoa(o.udpSize), "-b", "0")
+	} else {
+		if o.cc != "" {
+			args = append(args, "-C", o.cc)
+		}
+		if o.wsize > 0 {
+			args = append(args, "-l", strconv.Itoa(o.wsize))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs)*time.Second+30*time.Second)
+	defer cancel()
+	cmd := ns.Exec(ctx, "iperf3", args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	runErr := cmd.Run()
+	var j iperf3JSON
+	if err := json.Unmarshal(out.Bytes(), &j); err != nil {
+		return r, fmt.Errorf("iperf3 %s: %v: %s%s", strings.Join(args, " "), runErr, strings.TrimSpace(errb.String()), strings.TrimSpace(out.String()))
+	}
+	if j.Error != "" {
+		return r, fmt.Errorf("iperf3 %s: %s", strings.Join(args, " "), j.Error)
+	}
+	if runErr != nil {
+		return r, fmt.Errorf("iperf3 %s: %v: %s", strings.Join(args, " "), runErr, strings.TrimSpace(errb.String()))
+	}
+	sum := j.End.SumReceived
+	if sum == nil {
+		sum = j.End.Sum
+	}
+	if sum == nil {
+		return r, fmt.Errorf("iperf3 %s: no end.sum_received in its report", strings.Join(args, " "))
+	}
+	r.bytes = int64(sum.Bytes)
+	r.seconds = sum.Seconds
+	r.bitsPerSec = sum.BitsPerSecond
+	r.lostPercent = sum.LostPercent
+	r.congestion = j.End.SenderTCPCongestion
+	return r, nil
+}
+
+// iperf3Version returns the first line of `iperf3 --version`, such as
+// "iperf 3.12 (cJSON 1.7.15)".
+func iperf3Version() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "iperf3", "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("iperf3 --version: %w (is iperf3 installed? apt-get install iperf3)", err)
+	}
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return line, nil
+}
+
+// benchIPerf3Serve serves iperf3 on st at ap for a bench row, adding the
+// bytes of every test to received. stop closes the server and waits for
+// it.
+func benchIPerf3Serve(st *stack.Stack, ap netip.AddrPort, received *atomic.Uint64) (stop func(), err error) {
+	srv, err := st.ListenIPerf3(ap, stack.IPerf3Config{OnTest: func(r stack.IPerf3Result) { received.Add(r.BytesReceived) }})
+	if err != nil {
+		return nil, err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	return func() { srv.Close(); <-served }, nil
+}
+
+// benchIPerf3Send runs the iperf3 client for a bench row and returns its
+// figures as the built-in sender reports them. Bytes are what the server
+// received, which is what the bench checks against the server's count.
+func benchIPerf3Send(ns *testbed.Netns, ap netip.AddrPort, dur time.Duration, streams int, cc string, wsize int) (sendResult, error) {
+	r, err := iperf3Run(ns, ap, iperf3Options{dur: dur, streams: streams, cc: cc, wsize: wsize})
+	if err != nil {
+		return sendResult{}, err
+	}
+	return sendResult{Bytes: r.bytes, Seconds: r.seconds, Congestion: r.congestion}, nil
+}

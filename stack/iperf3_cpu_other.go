@@ -1,0 +1,8 @@
+//go:build !unix
+
+package stack
+
+import "time"
+
+// processCPU returns zero where getrusage is not available.
+func processCPU() (user, sys time.Duration) { return 0, 0 }
