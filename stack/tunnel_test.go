@@ -1,0 +1,124 @@
+package stack
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
+)
+
+// tunnelPair builds two stacks on an in-memory wire, each terminating an
+// IPv6 tunnel to the other: rx (the stack under test, driver config dc) at
+// outer 2001:db8::11 with inner 10.78.0.2 and fd78::2, the peer at outer
+// 2001:db8::12 with inner 10.78.0.1 and fd78::1. Every inner packet, both
+// ways, is encapsulated by one stack's tunnel NIC and decapsulated by the
+// other's driver.
+func tunnelPair(t *testing.T, dc driver.Config) (rx, peer *Stack) {
+	t.Helper()
+	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	pool, err := bufpool.New(bufpool.Config{Poison: true, RingSize: 1 << 15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc.Pool = pool
+	outerRX, outerPeer := netip.MustParseAddr("2001:db8::11"), netip.MustParseAddr("2001:db8::12")
+	rx, err = New(Config{
+		Wire:   a,
+		Addrs:  []netip.Prefix{netip.MustParsePrefix("2001:db8::1/64")},
+		MAC:    [6]byte{2, 0, 0, 0, 0, 1},
+		Driver: dc,
+		Tunnel: &TunnelConfig{Local: outerRX, Remote: outerPeer, Addrs: []netip.Prefix{
+			netip.MustParsePrefix("10.78.0.2/24"), netip.MustParsePrefix("fd78::2/64")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err = New(Config{
+		Wire:  b,
+		Addrs: []netip.Prefix{netip.MustParsePrefix("2001:db8::2/64")},
+		MAC:   [6]byte{2, 0, 0, 0, 0, 2},
+		Tunnel: &TunnelConfig{Local: outerPeer, Remote: outerRX, Addrs: []netip.Prefix{
+			netip.MustParsePrefix("10.78.0.1/24"), netip.MustParsePrefix("fd78::1/64")}},
+	})
+	if err != nil {
+		rx.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		peer.Close()
+		rx.Close()
+		if n := pool.InUse(); n != 0 {
+			t.Errorf("pages still in use after Close: got %d, want 0", n)
+		}
+	})
+	return rx, peer
+}
+
+// TestTunnelBulkMem sends a TCP stream through the tunnel, IPv4-in-IPv6 and
+// IPv6-in-IPv6, and checks every byte, that the driver decapsulated, that
+// hds auto left no payload in the linear parts, that GRO merged the
+// decapsulated segments, and that the replies went back through the peer's
+// tunnel.
+func TestTunnelBulkMem(t *testing.T) {
+	const size = 8 << 20
+	for _, tc := range []struct {
+		dst string
+		dc  driver.Config
+	}{
+		{"10.78.0.2:9", driver.Config{}},
+		{"[fd78::2]:9", driver.Config{}},
+		{"10.78.0.2:9", driver.Config{LRO: true, HDS: 256}},
+		{"[fd78::2]:9", driver.Config{HWGRO: driver.HWGROOn}},
+	} {
+		name := fmt.Sprintf("%s/lro-%v/hds-%s/hw-gro-%s", tc.dst, tc.dc.LRO, driver.FormatHDS(tc.dc.HDS), tc.dc.HWGRO)
+		t.Run(name, func(t *testing.T) {
+			rx, peer := tunnelPair(t, tc.dc)
+			bulkTo(t, rx, peer, netip.MustParseAddrPort(tc.dst), size)
+			c, p := counterMap(rx), counterMap(peer)
+			if c["rx_tunnel_decap"] == 0 || c["tunnel_rx_packets"] == 0 {
+				t.Errorf("rx_tunnel_decap %d, tunnel_rx_packets %d: want both > 0", c["rx_tunnel_decap"], c["tunnel_rx_packets"])
+			}
+			if c["tunnel_tx_packets"] == 0 || p["rx_tunnel_decap"] == 0 {
+				t.Errorf("replies: rx tunnel_tx_packets %d, peer rx_tunnel_decap %d: want both > 0", c["tunnel_tx_packets"], p["rx_tunnel_decap"])
+			}
+			if tc.dc.HDS == driver.HDSAuto && c["rx_hds_payload_bytes"] != 0 {
+				t.Errorf("rx_hds_payload_bytes with hds auto: got %d, want 0", c["rx_hds_payload_bytes"])
+			}
+			if tc.dc.HDS == 256 && c["rx_hds_payload_bytes"] == 0 {
+				t.Errorf("rx_hds_payload_bytes with hds 256: got 0, want > 0")
+			}
+			if c["rx_gro_skbs"] == 0 || c["rx_gro_packets"] <= c["rx_gro_skbs"] {
+				t.Errorf("GRO: rx_gro_packets %d into rx_gro_skbs %d, want merges", c["rx_gro_packets"], c["rx_gro_skbs"])
+			}
+			for _, name := range []string{"rx_dropped", "tunnel_tx_errors"} {
+				if c[name] != 0 || p[name] != 0 {
+					t.Errorf("%s: got %d (rx) and %d (peer), want 0", name, c[name], p[name])
+				}
+			}
+		})
+	}
+}
+
+// TestTunnelConfigErrors checks the configurations New rejects.
+func TestTunnelConfigErrors(t *testing.T) {
+	inner := []netip.Prefix{netip.MustParsePrefix("10.78.0.2/24")}
+	for _, tc := range []struct {
+		name string
+		tc   TunnelConfig
+	}{
+		{"ipv4 local", TunnelConfig{Local: netip.MustParseAddr("10.0.0.1"), Remote: netip.MustParseAddr("2001:db8::12"), Addrs: inner}},
+		{"no remote", TunnelConfig{Local: netip.MustParseAddr("2001:db8::11"), Addrs: inner}},
+		{"no inner address", TunnelConfig{Local: netip.MustParseAddr("2001:db8::11"), Remote: netip.MustParseAddr("2001:db8::12")}},
+		{"local is a stack address", TunnelConfig{Local: netip.MustParseAddr("2001:db8::1"), Remote: netip.MustParseAddr("2001:db8::12"), Addrs: inner}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := driver.NewMemPair(4, 2048)
+			_, err := New(Config{Wire: a, Addrs: []netip.Prefix{netip.MustParsePrefix("2001:db8::1/64")}, Tunnel: &tc.tc})
+			if err == nil {
+				t.Fatal("New: got nil error, want one")
+			}
+		})
+	}
+}
