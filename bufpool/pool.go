@@ -23,6 +23,13 @@
 //     the ring was full, waived after an order change, drained by Close,
 //     never recycled (NoRecycle, or a page retired with DecRef).
 //
+// Lending: a page whose memory was handed to a holder the pool cannot count
+// (gVisor's views, which keep reference counts of their own) is marked with
+// Lend. Get reuses a lent page only when Config.Memory says nobody else
+// holds its memory any more (Memory.Busy); without a Memory that can tell,
+// a lent page is let go instead, and its memory goes back to the Memory
+// when the pool's last reference is dropped. Lent pages are never poisoned.
+//
 // Threading: Get, Recycle and Close belong to the pool's owner, one
 // goroutine at a time (the NIC model of one RX queue, as a page_pool is
 // bound to one NAPI context). They own the ring and take no lock. IncRef
@@ -36,6 +43,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -63,6 +71,22 @@ const RecoverInterval = 250 * time.Millisecond
 // ErrExhausted is returned by Get when no page fits the pool's limits.
 var ErrExhausted = errors.New("bufpool: pool exhausted")
 
+// Memory supplies a pool's page memory in place of the Go heap: the stack
+// uses gVisor's reference-counted buffer chunks, so that payload can be lent
+// to gVisor without a copy.
+type Memory interface {
+	// Alloc returns size bytes and a handle for Free, or nil bytes when it
+	// cannot. The bytes must stay valid until Free.
+	Alloc(size int) (b []byte, handle any)
+	// Free gives back the pool's hold on memory from Alloc, once the page's
+	// last reference is dropped. Called from any goroutine.
+	Free(handle any)
+	// Busy reports whether anything besides the pool still holds the
+	// memory (true when it cannot tell). Called by the pool's owner, for a
+	// lent page whose references have all come back.
+	Busy(handle any) bool
+}
+
 // Config configures a Pool.
 type Config struct {
 	// PageSize is the base page size, PageSize4K (default) or PageSize64K.
@@ -86,6 +110,10 @@ type Config struct {
 	NoRecycle bool
 	// Now is the clock for the order recovery (nil: time.Now).
 	Now func() time.Time
+	// Memory supplies the pages' memory (nil: the Go heap). An allocation it
+	// fails counts as a failure of the memory limit: Get falls back one
+	// order, down to 0.
+	Memory Memory
 	// Poison fills a page with a pattern when its last holder gives it up to
 	// the pool, and checks the pattern when Get hands it out again, so that
 	// a write through a stale reference is caught (Get panics: that is a
@@ -138,6 +166,11 @@ type Config struct {
 //   - rx_pp_pages_in_use (InUse): pages held, handed out or in the ring,
 //     not yet released (a gauge). Not in the kernel.
 //   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
+//   - rx_pp_lent (Lent): times a page was lent with Lend. Not in the
+//     kernel.
+//   - rx_pp_lent_busy (LentBusy): Gets that found the oldest ring page
+//     lent and still held by its borrower, and allocated instead (counted
+//     in rx_pp_alloc_refill too). Not in the kernel.
 //
 // Allocated equals InUse; it stays for callers that read it. PageBytes is the
 // size of the pages Get allocates at the current order.
@@ -161,6 +194,8 @@ type Stats struct {
 	Allocated          int64 // = InUse
 	BytesHeld          int64
 	PageBytes          int
+	Lent               uint64
+	LentBusy           uint64
 }
 
 // Each calls fn for every counter, named as above, in the documented order.
@@ -181,6 +216,8 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_alloc_order", uint64(s.AllocOrder))
 	fn("rx_pp_pages_in_use", uint64(s.InUse))
 	fn("rx_pp_bytes_held", uint64(s.BytesHeld))
+	fn("rx_pp_lent", s.Lent)
+	fn("rx_pp_lent_busy", s.LentBusy)
 }
 
 // cacheLine separates fields written by different goroutines; 128 covers
@@ -198,6 +235,7 @@ type Pool struct {
 	poison    bool
 	noRecycle bool
 	now       func() time.Time
+	mem       Memory
 
 	// The owner's: Get, Recycle and Close only. ring is a FIFO of count
 	// pages from head, each holding one reference, the pool's.
@@ -211,10 +249,11 @@ type Pool struct {
 	// Written by the owner only.
 	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
 	cached, ringFull, fallbacks, recoveries    atomic.Uint64
+	lentBusy                                   atomic.Uint64
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
-	released         atomic.Uint64
+	released, lent   atomic.Uint64
 	inUse, bytesHeld atomic.Int64
 }
 
@@ -230,9 +269,18 @@ type Page struct {
 	// page out: Get checks only pages that were filled.
 	poisoned bool
 	poison   bool // the pool's Config.Poison, here to spare DecRef a load
-	buf      []byte
-	pool     *Pool
+	// lent is set by Lend and cleared when Get reuses the page: its memory
+	// may be held by someone the count does not see; it is not poisoned.
+	lent atomic.Bool
+	buf  []byte
+	mem  any // Config.Memory's handle
+	pool *Pool
 }
+
+// pageStructs recycles the Page structs of pages backed by Config.Memory,
+// which are let go more often (lent pages still held when the ring is
+// full).
+var pageStructs = sync.Pool{New: func() any { return new(Page) }}
 
 const (
 	ringBit = 1 << 30
@@ -283,6 +331,7 @@ func New(cfg Config) (*Pool, error) {
 		poison:    cfg.Poison,
 		noRecycle: cfg.NoRecycle,
 		now:       cfg.Now,
+		mem:       cfg.Memory,
 	}
 	if !cfg.NoRecycle {
 		p.ring = make([]*Page, cfg.RingSize)
@@ -311,6 +360,13 @@ func (p *Pool) Get() (*Page, error) {
 	size := p.base << order
 	for p.count > 0 {
 		pg := p.ring[p.head]
+		if pg.lent.Load() && p.mem == nil {
+			// Nobody can tell when the borrower is done: let it go.
+			p.pop()
+			pg.state.And(^ringBit)
+			pg.DecRef()
+			continue
+		}
 		if len(pg.buf) != size {
 			p.pop()
 			pg.state.And(^ringBit)
@@ -322,6 +378,17 @@ func (p *Pool) Get() (*Page, error) {
 			// Frags of the oldest page are still out: don't wait for them.
 			p.refill.Add(1)
 			break
+		}
+		if pg.lent.Load() {
+			// Its frags are back; its borrower may still hold the memory.
+			// Nobody can start holding it now: the borrower only takes
+			// more from what it holds.
+			if p.mem.Busy(pg.mem) {
+				p.lentBusy.Add(1)
+				p.refill.Add(1)
+				break
+			}
+			pg.lent.Store(false)
 		}
 		if pg.poisoned {
 			pg.checkPoison() // before pop: a corrupt page stays for Close
@@ -378,8 +445,34 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 			p.lastRecover = p.now()
 		}
 	}
-	size := p.base << order
-	pg := &Page{buf: make([]byte, size), pool: p, poison: p.poison}
+	var pg *Page
+	for {
+		size := p.base << order
+		if p.mem == nil {
+			pg = &Page{buf: make([]byte, size), pool: p, poison: p.poison}
+			break
+		}
+		b, h := p.mem.Alloc(size)
+		if len(b) >= size {
+			pg = pageStructs.Get().(*Page)
+			pg.buf, pg.mem, pg.pool, pg.poison = b[:size], h, p, p.poison
+			pg.lent.Store(false)
+			pg.poisoned = false
+			break
+		}
+		if b != nil {
+			p.mem.Free(h)
+		}
+		if order == 0 {
+			p.empty.Add(1)
+			return nil, ErrExhausted
+		}
+		order--
+		p.order.Store(order)
+		p.fallbacks.Add(1)
+		p.lastRecover = p.now()
+	}
+	size := len(pg.buf)
 	pg.state.Store(1)
 	p.inUse.Add(1)
 	p.bytesHeld.Add(int64(size))
@@ -400,7 +493,7 @@ func (p *Pool) Recycle(pg *Page) {
 	if pg.pool != p {
 		panic("bufpool: Recycle of another pool's page")
 	}
-	if p.noRecycle {
+	if p.noRecycle || pg.lent.Load() && p.mem == nil {
 		pg.DecRef()
 		return
 	}
@@ -415,7 +508,7 @@ func (p *Pool) Recycle(pg *Page) {
 		panic("bufpool: Recycle of a page already in the ring")
 	case old&refMask == 0:
 		panic("bufpool: Recycle of a free page")
-	case old == 1 && p.poison:
+	case old == 1 && p.poison && !pg.lent.Load():
 		// The retiring owner was the last holder: no one else can touch it.
 		pg.fillPoison()
 	}
@@ -480,8 +573,13 @@ func (p *Pool) Stats() Stats {
 		Allocated:          inUse,
 		BytesHeld:          p.bytesHeld.Load(),
 		PageBytes:          p.base << order,
+		Lent:               p.lent.Load(),
+		LentBusy:           p.lentBusy.Load(),
 	}
 }
+
+// Memory returns Config.Memory (nil: the Go heap).
+func (p *Pool) Memory() Memory { return p.mem }
 
 // InUse returns the number of pages held, handed out or in the ring, not
 // yet released; from any goroutine.
@@ -525,7 +623,33 @@ func (pg *Page) DecRef() {
 	p.released.Add(1)
 	p.inUse.Add(-1)
 	p.bytesHeld.Add(-int64(len(pg.buf)))
+	if p.mem != nil {
+		h := pg.mem
+		pg.buf, pg.mem, pg.pool = nil, nil, nil
+		pageStructs.Put(pg)
+		p.mem.Free(h)
+	}
 }
+
+// Lend marks the page's memory as lent to a holder the pool cannot count,
+// from any goroutine holding a reference: from then on the pool hands the
+// page out again only once Config.Memory says the memory is no longer busy,
+// and never poisons it. It reports whether this call lent it (false if it
+// already was).
+func (pg *Page) Lend() bool {
+	if pg.lent.Load() || !pg.lent.CompareAndSwap(false, true) {
+		return false
+	}
+	pg.pool.lent.Add(1)
+	return true
+}
+
+// Lent reports whether the page was lent.
+func (pg *Page) Lent() bool { return pg.lent.Load() }
+
+// Mem returns the handle Config.Memory gave for the page's memory (nil for
+// Go heap pages).
+func (pg *Page) Mem() any { return pg.mem }
 
 // decRefPoison is DecRef's decrement in poison mode: the last holder of a
 // page in the ring (the pool's reference and the caller's are all that is
@@ -534,7 +658,7 @@ func (pg *Page) DecRef() {
 func (pg *Page) decRefPoison() int32 {
 	for {
 		s := pg.state.Load()
-		if s == ringBit|2 && !pg.poisoned {
+		if s == ringBit|2 && !pg.poisoned && !pg.lent.Load() {
 			pg.fillPoison()
 		}
 		if pg.state.CompareAndSwap(s, s-1) {

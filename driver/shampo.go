@@ -174,8 +174,11 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	}
 	fl += copy(flow[fl:], tcp[:4])
 	now := n.now
+	// A session ends before its packet's IP length would pass 65535 (the
+	// driver's max LRO size; a 64 KB reservation holds a few bytes more).
+	fits := s.off+len(payload) <= s.resv.size && len(hdr)-fi.L2Len+s.off+len(payload) <= 0xffff
 	match := s.open && fl == s.flowLen && flow == s.flow && seq == s.nextSeq && ack == s.ack &&
-		s.off+len(payload) <= s.resv.size && now-s.last < int64(d.cfg.HWGROTimeout) &&
+		fits && now-s.last < int64(d.cfg.HWGROTimeout) &&
 		flags&(tcpFlagSYN|tcpFlagRST|tcpFlagURG) == 0
 	if !match {
 		d.shampo.starts.Add(1)

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 	"time"
 
@@ -259,5 +260,54 @@ func TestHWGROMixedSlots(t *testing.T) {
 	}
 	if !bytes.Equal(gotTCP, wantTCP) {
 		t.Errorf("TCP payload: got %d bytes, want %d, or the bytes differ", len(gotTCP), len(wantTCP))
+	}
+}
+
+// TestHWGROSessionIPLength: a session ends before its packet's IP length
+// would pass 65535, even when the reservation has room: a 64 KB
+// reservation filled exactly would wrap the 16-bit length and lose the
+// payload (gVisor trims a packet to its IP length).
+func TestHWGROSessionIPLength(t *testing.T) {
+	for _, mode := range []HWGROMode{HWGROOn, HWGROCoalesce} {
+		c := &collector{keep: true}
+		_, w := newTestDriver(t, Config{HWGRO: mode, HWGROTimeout: time.Hour}, c)
+		// 46 segments of 1420 bytes, then one of 216: exactly 64 KB.
+		const mss = 1420
+		var want []byte
+		seq := uint32(1)
+		for _, n := range []int{46 * mss, 216} {
+			spec := pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck, seq: seq, ack: 1, payload: pkPayload(n)}
+			h, frame, fi := pkSuperFrame(t, spec, VirtioNetHdrGSOTCPv4, mss)
+			if n <= mss {
+				h.GSOType, h.GSOSize = VirtioNetHdrGSONone, 0
+			}
+			if err := w.Write(wireFrame(h, frame)); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, frame[fi.HeaderLen():]...)
+			seq += uint32(n)
+		}
+		var got []byte
+		deadline := time.Now().Add(10 * time.Second)
+		for len(got) < len(want) {
+			c.mu.Lock()
+			for _, f := range c.frames {
+				ipLen := int(binary.BigEndian.Uint16(f[14+2:]))
+				if ipLen != len(f)-14 {
+					t.Fatalf("%v: packet of %d bytes says IP length %d", mode, len(f), ipLen)
+				}
+				p, _ := payloadOf(t, f)
+				got = append(got, p...)
+			}
+			c.frames = c.frames[:0]
+			c.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatalf("%v: payload delivered: got %d bytes, want %d", mode, len(got), len(want))
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%v: payload differs from what was sent", mode)
+		}
 	}
 }

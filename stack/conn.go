@@ -5,28 +5,9 @@ import (
 	"sync/atomic"
 )
 
-// listener wraps gVisor's gonet listener so that Accept on a closed
-// listener reports net.ErrClosed, as the standard library's do (gonet
-// reports gVisor's "endpoint is in invalid state").
-type listener struct {
-	net.Listener
-	closed atomic.Bool
-}
-
-func (l *listener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil && l.closed.Load() {
-		return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: net.ErrClosed}
-	}
-	return c, err
-}
-
-func (l *listener) Close() error {
-	l.closed.Store(true)
-	return l.Listener.Close()
-}
-
-// packetConn does the same for a UDP socket's reads and writes.
+// packetConn wraps gVisor's gonet UDP socket so that its reads and writes
+// on the closed socket report net.ErrClosed, as the standard library's do
+// (gonet reports gVisor's "endpoint is in invalid state").
 type packetConn struct {
 	net.PacketConn
 	closed atomic.Bool

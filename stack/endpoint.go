@@ -29,6 +29,7 @@ type linkEndpoint struct {
 
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
+	lend   *lendStats  // zero copy: frags lent to gVisor; nil: copied
 	trains trainTable  // UDP ports bound by TrainConns
 
 	// XDP and cpumap (nil when not configured). The program and the
@@ -81,7 +82,8 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 // becomes a small view of its own (so that gVisor's header parsing never
 // touches the payload's chunk), the payload (frags, then the payload of any
 // packets chained by GRO's slow path) is copied once into a second view,
-// and the RX pages go back to the pool at once.
+// and the RX pages go back to the pool at once. With zero copy, the payload
+// frags are lent to gVisor as views of their pages instead (zerocopy.go).
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	e.pages.count(pkt)
 	if e.trains.deliver(pkt) {
@@ -90,6 +92,10 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	defer pkt.Release()
 	if l3, l4, ok := udpTrain(pkt); ok {
 		e.splitUDP(pkt, l3, l4)
+		return
+	}
+	if e.lend != nil {
+		e.lendToGVisor(pkt)
 		return
 	}
 	var payload *buffer.View
@@ -111,6 +117,22 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	if payload != nil {
 		buf.Append(payload)
 	}
+	e.dispatch(buf)
+}
+
+// lendToGVisor is toGVisor's zero-copy half: the payload goes to gVisor as
+// views of the RX pages. The caller releases pkt.
+func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
+	var payload buffer.Buffer
+	e.lend.lendAfter(&payload, pkt, len(pkt.Linear))
+	for q := pkt.Next; q != nil; q = q.Next {
+		e.lend.lendAfter(&payload, q, q.HdrLen)
+	}
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), pkt.Linear, payload.Flatten())
+	}
+	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
+	buf.Merge(&payload)
 	e.dispatch(buf)
 }
 

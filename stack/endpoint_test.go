@@ -25,9 +25,18 @@ func (c *captureDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gsta
 
 // TestDeliverChain checks what gVisor is given for a packet with frags and a
 // frag_list chain: the head's bytes, then each chained packet's bytes after
-// its headers, and that every page is released.
+// its headers, and that every page is released; payload copied, and lent.
 func TestDeliverChain(t *testing.T) {
-	pool, err := bufpool.New(bufpool.Config{Poison: true})
+	t.Run("copy", func(t *testing.T) { testDeliverChain(t, false) })
+	t.Run("zero-copy", func(t *testing.T) { testDeliverChain(t, true) })
+}
+
+func testDeliverChain(t *testing.T, zc bool) {
+	pc := bufpool.Config{Poison: true}
+	if zc {
+		pc.Memory = newViewMemory()
+	}
+	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +84,9 @@ func TestDeliverChain(t *testing.T) {
 
 	var c captureDispatcher
 	ep := &linkEndpoint{}
+	if zc {
+		ep.lend = new(lendStats)
+	}
 	ep.Attach(&c)
 	ep.Deliver(head)
 	if len(c.got) != 1 {
@@ -87,6 +99,14 @@ func TestDeliverChain(t *testing.T) {
 			}
 		}
 		t.Errorf("delivered bytes: got %d, want %d", len(c.got[0]), len(want))
+	}
+	if zc {
+		if !page.Lent() {
+			t.Error("page not lent with zero copy")
+		}
+		if v := ep.lend.views.Load(); v != 3 {
+			t.Errorf("views lent: got %d, want 3", v)
+		}
 	}
 	if n := pool.InUse(); n != 0 {
 		t.Errorf("pages in use after Deliver: got %d, want 0", n)

@@ -29,6 +29,48 @@ func ServeDiscard(l net.Listener, n *atomic.Uint64) error {
 	})
 }
 
+// ServeDiscardViews is ServeDiscard reading with TCPConn.ReadViews: the
+// payload is looked at in place (each view's first byte is touched) and
+// released, never copied when the stack runs with zero copy.
+func ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
+	return serve(l, func(c net.Conn) {
+		tc, ok := c.(*TCPConn)
+		if !ok {
+			buf := make([]byte, serverBufSize)
+			for {
+				m, err := c.Read(buf)
+				if n != nil && m > 0 {
+					n.Add(uint64(m))
+				}
+				if err != nil {
+					return
+				}
+			}
+		}
+		vs := make([]View, 0, 256)
+		var sink byte
+		for {
+			var m int
+			var err error
+			vs, m, err = tc.ReadViews(vs[:0], serverBufSize)
+			for i := range vs {
+				sink ^= vs[i].Bytes()[0]
+				vs[i].Release()
+			}
+			if n != nil && m > 0 {
+				n.Add(uint64(m))
+			}
+			if err != nil {
+				discardSink.Store(uint32(sink))
+				return
+			}
+		}
+	})
+}
+
+// discardSink keeps the touched bytes alive for the compiler.
+var discardSink atomic.Uint32
+
 // ServeEcho accepts connections on l and writes back everything they send
 // (RFC 862). It returns when l is closed, after every handler has finished.
 //

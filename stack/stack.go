@@ -26,6 +26,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
@@ -81,6 +82,13 @@ type Config struct {
 	// IPv6-in-IPv6) in ustack: see TunnelConfig. Driver.Tunnel is set
 	// from it.
 	Tunnel *TunnelConfig
+	// ZeroCopy hands payload to gVisor without copying it: the RX pages
+	// are gVisor buffer chunks and each frag becomes a view of its page;
+	// the pool reuses a page once gVisor let go of it. TCPConn.ReadViews
+	// can then give the application the pages themselves. Off: payload is
+	// copied once into gVisor. With Driver.Pool set, that pool must have
+	// been made with Memory: NewChunkMemory() (New does it otherwise).
+	ZeroCopy bool
 }
 
 // Stack is a running ustack: driver, link endpoint and gVisor stack.
@@ -90,6 +98,7 @@ type Stack struct {
 	ep    *linkEndpoint
 	ip    *gstack.Stack
 	close sync.Once
+	views viewTotals
 }
 
 // New builds and starts a stack on cfg.Wire. On error the wire is closed.
@@ -126,6 +135,9 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	if dc.Pool == nil {
 		pc := cfg.Pool
+		if cfg.ZeroCopy && pc.Memory == nil {
+			pc.Memory = newViewMemory()
+		}
 		if pc.RingSize == 0 {
 			pc.RingSize = ringPages(&dc, &pc)
 		}
@@ -140,6 +152,9 @@ func New(cfg Config) (s *Stack, err error) {
 	dc = drv.Config()
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
 	ep.pcap = cfg.Pcap
+	if cfg.ZeroCopy {
+		ep.lend = new(lendStats)
+	}
 	ep.epoch = time.Now()
 	if !cfg.NoGRO {
 		if cfg.GROFlushTimeout < 0 {
@@ -306,8 +321,8 @@ func (s *Stack) fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkPro
 	return fa, ipv4.ProtocolNumber
 }
 
-// ListenTCP listens on addr. Accept on the closed listener returns an
-// error wrapping net.ErrClosed. An unspecified address listens on every
+// ListenTCP listens on addr. Accept returns *TCPConn connections; on the
+// closed listener it returns an error wrapping net.ErrClosed. An unspecified address listens on every
 // address of the stack's family: use netip.IPv6Unspecified() for IPv6 and
 // IPv4-mapped, 0.0.0.0 for IPv4 only).
 func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
@@ -315,11 +330,20 @@ func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
-	l, err := gonet.ListenTCP(s.ip, fa, proto)
-	if err != nil {
-		return nil, fmt.Errorf("listen tcp %s: %w", addr, err)
+	var wq waiter.Queue
+	ep, e := s.ip.NewEndpoint(tcp.ProtocolNumber, proto, &wq)
+	if e != nil {
+		return nil, fmt.Errorf("listen tcp %s: %s", addr, e)
 	}
-	return &listener{Listener: l}, nil
+	if e := ep.Bind(fa); e != nil {
+		ep.Close()
+		return nil, fmt.Errorf("listen tcp %s: bind: %s", addr, e)
+	}
+	if e := ep.Listen(listenBacklog); e != nil {
+		ep.Close()
+		return nil, fmt.Errorf("listen tcp %s: %s", addr, e)
+	}
+	return &tcpListener{s: s, ep: ep, wq: &wq, cancel: make(chan struct{})}, nil
 }
 
 // DialTCP connects to addr.
@@ -403,6 +427,10 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 			s.ep.gro.Stats().Each(fn)
 		}
 		s.ep.pages.each(fn)
+		if s.ep.lend != nil {
+			s.ep.lend.each(fn)
+		}
+		s.views.each(fn)
 		if s.ep.xdp != nil {
 			s.ep.xdpStats.each(fn)
 		}

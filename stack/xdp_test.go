@@ -18,7 +18,11 @@ import (
 func pairConfig(t testing.TB, cfg Config) (rx, peer *Stack) {
 	t.Helper()
 	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	pool, err := bufpool.New(bufpool.Config{Poison: true, RingSize: 1 << 15})
+	pc := bufpool.Config{Poison: true, RingSize: 1 << 15}
+	if cfg.ZeroCopy {
+		pc.Memory = newViewMemory()
+	}
+	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}

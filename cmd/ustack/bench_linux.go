@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -49,9 +50,21 @@ func benchCmd(args []string) error {
 		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
+		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole run (every row) to this file")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			return usageError{fmt.Errorf("-cpuprofile: %w", err)}
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if *dur <= 0 || *dur > time.Minute || *rounds < 1 || *rounds > 50 {
 		return usageError{errors.New("want 0 < -t <= 1m and 1 <= -rounds <= 50")}
@@ -147,7 +160,7 @@ func benchRun(bed *testbed.TAPBed, exe string, row benchRow, dur time.Duration, 
 	}
 	var received atomic.Uint64
 	served := make(chan error, 1)
-	go func() { served <- stack.ServeDiscard(l, &received) }()
+	go func() { served <- row.pol.discard()(l, &received) }()
 	defer func() { l.Close(); <-served }()
 
 	ctx, cancel := context.WithTimeout(context.Background(), dur+30*time.Second)
@@ -399,7 +412,7 @@ func printPoolBench(w io.Writer, rows []benchRow, results [][]sample) {
 // packet and the share of payload bytes in page-sized, page-aligned frags.
 func printHWGROBench(w io.Writer, rows []benchRow, results [][]sample) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tsegs/GRO pkt\tcc\t")
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread in pages\tsegs/GRO pkt\tcc\t")
 	for i, r := range rows {
 		ss := results[i]
 		g, lo, hi := median(field(ss, func(s sample) float64 { return s.gbps }))
@@ -410,8 +423,13 @@ func printHWGROBench(w io.Writer, rows []benchRow, results [][]sample) {
 		if p := c["rx_gro_hw_payload_bytes"]; p > 0 {
 			share = fmt.Sprintf("%.0f%%", 100*float64(c["rx_gro_hw_mappable_bytes"])/float64(p))
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t\n", r.name, g, lo, hi, rx, nic*100,
-			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share,
+		// What ReadViews handed over in whole pages, without a copy.
+		read := "-"
+		if t := c["zc_read_mapped_bytes"] + c["zc_read_copied_bytes"]; t > 0 {
+			read = fmt.Sprintf("%.0f%%", 100*float64(c["zc_read_page_bytes"])/float64(t))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, g, lo, hi, rx, nic*100,
+			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share, read,
 			ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"]), ss[len(ss)-1].congestion)
 	}
 	tw.Flush()

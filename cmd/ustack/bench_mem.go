@@ -63,7 +63,7 @@ func memRun(row benchRow, dur time.Duration) (float64, error) {
 	}
 	var n atomic.Uint64
 	done := make(chan error, 1)
-	go func() { done <- stack.ServeDiscard(l, &n) }()
+	go func() { done <- row.pol.discard()(l, &n) }()
 	defer func() { l.Close(); <-done }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -142,18 +142,22 @@ func poolRows(mtu int) []benchRow {
 }
 
 // hwGRORows are `ustack bench -hwgro`: seed 002's three-way comparison at
-// LRO off: software GRO only, hardware GRO, hardware GRO with coalescing.
+// LRO off: software GRO only, hardware GRO, hardware GRO with coalescing;
+// each with payload copied into gVisor and read with Read, and with zero
+// copy read in place with ReadViews (tcp_mmap's side of the seed).
 func hwGRORows(mtu int) []benchRow {
 	var rows []benchRow
-	for _, m := range []string{"off", "on", "coalesce"} {
-		p := basePolicy(mtu)
-		p.lro, p.hwGRO = "off", m
-		rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
+	for _, zc := range []string{"off", "views"} {
+		for _, m := range []string{"off", "on", "coalesce"} {
+			p := basePolicy(mtu)
+			p.lro, p.hwGRO, p.zeroCopy = "off", m, zc
+			rows = append(rows, benchRow{name: "ustack " + p.String(), pol: p})
+		}
 	}
 	return rows
 }
 
 // basePolicy is the default of every switch.
 func basePolicy(mtu int) policy {
-	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on", hwGRO: "off"}
+	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on", hwGRO: "off", zeroCopy: "off"}
 }

@@ -3,9 +3,11 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
@@ -37,6 +39,7 @@ type policy struct {
 	poison   bool
 	poolMem  int64
 	poolRing int
+	zeroCopy string
 }
 
 func (p *policy) register(fs *flag.FlagSet) {
@@ -55,6 +58,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.poison, "pool-poison", false, "poison recycled pages and check them when reused (debug)")
 	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
 	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
+	fs.StringVar(&p.zeroCopy, "zero-copy", "off", "payload to gVisor without a copy: off|on|views (views: the discard server also reads with TCPConn.ReadViews, in place)")
 	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P (empty: none)")
 	fs.StringVar(&p.cpumap, "cpumap", "", "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)")
 	fs.StringVar(&p.cpuGRO, "cpumap-gro", "on", "GRO in the cpumap workers: on|off")
@@ -115,6 +119,13 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	}
 	c.Pool.MaxBytes = p.poolMem
 	c.Pool.RingSize = p.poolRing
+	switch p.zeroCopy {
+	case "", "off":
+	case "on", "views":
+		c.ZeroCopy = true
+	default:
+		return c, fmt.Errorf("zero-copy %q: want off, on or views", p.zeroCopy)
+	}
 	if c.CPUMap, err = parseCPUs(p.cpumap); err != nil {
 		return c, fmt.Errorf("cpumap: %w", err)
 	}
@@ -147,6 +158,9 @@ func (p *policy) String() string {
 	if p.hwGRO != "" && p.hwGRO != "off" {
 		s += " hw-gro=" + p.hwGRO
 	}
+	if p.zeroCopy != "" && p.zeroCopy != "off" {
+		s += " zero-copy=" + p.zeroCopy
+	}
 	if p.xdp != "" {
 		s += fmt.Sprintf(" xdp=%s cpumap=%s cpumap-gro=%s", p.xdp, p.cpumap, p.cpuGRO)
 	}
@@ -154,6 +168,15 @@ func (p *policy) String() string {
 		s += fmt.Sprintf(" recycle=%s page=%s order=%d", p.recycle, p.pageSize, p.order)
 	}
 	return s
+}
+
+// discard returns the TCP discard server the policy's reader uses: Read,
+// or ReadViews with -zero-copy views.
+func (p *policy) discard() func(net.Listener, *atomic.Uint64) error {
+	if p.zeroCopy == "views" {
+		return stack.ServeDiscardViews
+	}
+	return stack.ServeDiscard
 }
 
 func parseCPUs(s string) ([]int, error) {

@@ -124,7 +124,7 @@ func runCmd(args []string) error {
 			start(func() error { return stack.ServeEcho(l) })
 			start(func() error { return stack.ServeUDPEcho(u) })
 		} else {
-			start(func() error { return stack.ServeDiscard(l, nil) })
+			start(func() error { return pol.discard()(l, nil) })
 			start(func() error { return stack.ServeUDPDiscard(u, nil, nil) })
 		}
 	}

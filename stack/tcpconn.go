@@ -1,0 +1,389 @@
+package stack
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// listenBacklog is the accept queue of ListenTCP's listeners: Linux's
+// default somaxconn, as gonet uses.
+const listenBacklog = 4096
+
+// tcpListener is ListenTCP's net.Listener. It is gonet's, rewritten so that
+// Accept returns *TCPConn (which keeps the gVisor endpoint for ReadViews)
+// and a closed listener reports net.ErrClosed as the standard library's do.
+type tcpListener struct {
+	s      *Stack
+	ep     tcpip.Endpoint
+	wq     *waiter.Queue
+	closed atomic.Bool
+	cancel chan struct{}
+	once   sync.Once
+}
+
+func (l *tcpListener) Accept() (net.Conn, error) {
+	n, wq, err := l.ep.Accept(nil)
+	if _, ok := err.(*tcpip.ErrWouldBlock); ok {
+		entry, ready := waiter.NewChannelEntry(waiter.ReadableEvents)
+		l.wq.EventRegister(&entry)
+		defer l.wq.EventUnregister(&entry)
+		for {
+			n, wq, err = l.ep.Accept(nil)
+			if _, ok := err.(*tcpip.ErrWouldBlock); !ok {
+				break
+			}
+			select {
+			case <-l.cancel:
+				return nil, l.opError(net.ErrClosed)
+			case <-ready:
+			}
+		}
+	}
+	if err != nil {
+		if l.closed.Load() {
+			return nil, l.opError(net.ErrClosed)
+		}
+		return nil, l.opError(errors.New(err.String()))
+	}
+	return newTCPConn(l.s, wq, n), nil
+}
+
+func (l *tcpListener) opError(err error) error {
+	return &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: err}
+}
+
+func (l *tcpListener) Close() error {
+	l.closed.Store(true)
+	l.ep.Close()
+	l.once.Do(func() { close(l.cancel) })
+	return nil
+}
+
+func (l *tcpListener) Addr() net.Addr {
+	a, err := l.ep.GetLocalAddress()
+	if err != nil {
+		return nil
+	}
+	return &net.TCPAddr{IP: net.IP(a.Addr.AsSlice()), Port: int(a.Port)}
+}
+
+// TCPConn is a TCP connection accepted by a listener of ListenTCP: a
+// net.Conn (gVisor's gonet connection) that can also read payload without
+// copying it, with ReadViews.
+type TCPConn struct {
+	*gonet.TCPConn
+	s  *Stack
+	ep tcpip.Endpoint
+	wq *waiter.Queue
+
+	// ReadViews' state, under readMu.
+	readMu   sync.Mutex
+	w        viewWriter
+	entry    waiter.Entry
+	ready    chan struct{}
+	timer    *time.Timer
+	deadline atomic.Int64 // read deadline, Unix ns; 0: none
+	copies   *bufpool.Pool
+	cur      *bufpool.Page // the copy page being filled, one reference
+	curOff   int
+
+	stats    ViewStats
+	reported ViewStats // what the stack's totals have of stats
+}
+
+func newTCPConn(s *Stack, wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
+	return &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), s: s, ep: ep, wq: wq}
+}
+
+// SetDeadline sets the read and write deadlines, for Read, ReadViews and
+// Write.
+func (c *TCPConn) SetDeadline(t time.Time) error {
+	c.setReadDeadline(t)
+	return c.TCPConn.SetDeadline(t)
+}
+
+// SetReadDeadline sets the deadline of Read and ReadViews.
+func (c *TCPConn) SetReadDeadline(t time.Time) error {
+	c.setReadDeadline(t)
+	return c.TCPConn.SetReadDeadline(t)
+}
+
+func (c *TCPConn) setReadDeadline(t time.Time) {
+	if t.IsZero() {
+		c.deadline.Store(0)
+	} else {
+		c.deadline.Store(t.UnixNano())
+	}
+}
+
+// Close closes the connection. Views already read stay valid until
+// released.
+func (c *TCPConn) Close() error {
+	err := c.TCPConn.Close()
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	if c.cur != nil {
+		c.copies.Recycle(c.cur)
+		c.cur = nil
+	}
+	if c.copies != nil {
+		c.copies.Close()
+	}
+	return err
+}
+
+// A View is a read-only window on received payload that ReadViews handed to
+// the application without copying it: part of an RX page, which the NIC
+// does not write to again before Release. Payload that was not in an RX
+// page (zero copy off, or bytes gVisor copied itself) comes in views of
+// pages of the connection's own, filled by a copy.
+type View struct {
+	b  []byte
+	v  *buffer.View  // mapped: a reference on the RX page's chunk
+	pg *bufpool.Page // copied: a reference on the connection's page
+}
+
+// Bytes returns the view's bytes. They must not be written to, nor used
+// after Release.
+func (v *View) Bytes() []byte { return v.b }
+
+// Len returns the number of bytes in the view.
+func (v *View) Len() int { return len(v.b) }
+
+// Copied reports whether the view's bytes were copied rather than mapped.
+func (v *View) Copied() bool { return v.pg != nil }
+
+// Release gives the view's page back. The view must not be used again.
+func (v *View) Release() {
+	switch {
+	case v.v != nil:
+		v.v.Release()
+	case v.pg != nil:
+		v.pg.DecRef()
+	}
+	*v = View{}
+}
+
+// ViewStats counts what ReadViews handed over on a connection.
+type ViewStats struct {
+	// MappedBytes were handed over in place, in RX pages; PageBytes of
+	// them in views that are a whole page (the share tcp_mmap can map).
+	MappedBytes, PageBytes uint64
+	// CopiedBytes were copied into the connection's own pages.
+	CopiedBytes uint64
+	// Views is the number of views handed over.
+	Views uint64
+}
+
+// viewTotals are the stack's ReadViews counters, over every connection.
+type viewTotals struct {
+	mapped, page, copied, views atomic.Uint64
+}
+
+// add adds what st gained since last to the totals.
+func (t *viewTotals) add(st, last *ViewStats) {
+	t.mapped.Add(st.MappedBytes - last.MappedBytes)
+	t.page.Add(st.PageBytes - last.PageBytes)
+	t.copied.Add(st.CopiedBytes - last.CopiedBytes)
+	t.views.Add(st.Views - last.Views)
+	*last = *st
+}
+
+func (t *viewTotals) each(fn func(string, uint64)) {
+	fn("zc_read_mapped_bytes", t.mapped.Load())
+	fn("zc_read_page_bytes", t.page.Load())
+	fn("zc_read_copied_bytes", t.copied.Load())
+	fn("zc_read_views", t.views.Load())
+}
+
+// ViewStats returns the connection's ReadViews counters. Call it from the
+// reading goroutine or after reads stopped.
+func (c *TCPConn) ViewStats() ViewStats { return c.stats }
+
+// ReadViews reads up to max bytes of payload without copying it: it appends
+// views of the RX pages that hold them to vs and returns the result and the
+// number of bytes. It blocks until at least one byte is there, like Read,
+// and returns io.EOF once the peer closed and everything was read. Each view
+// must be released; until then its page stays out of the pool. Views end
+// where the stack's buffers end: with hardware GRO coalescing, those are
+// page-sized. Pass vs[:0] of a reused slice to read without allocating.
+func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
+	if max <= 0 {
+		return vs, 0, nil
+	}
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	c.w = viewWriter{c: c, views: vs, left: max}
+	res, err := c.ep.Read(&c.w, tcpip.ReadOptions{})
+	if _, ok := err.(*tcpip.ErrWouldBlock); ok {
+		res, err = c.waitRead()
+	}
+	vs = c.w.views
+	c.w = viewWriter{}
+	if err != nil {
+		if _, ok := err.(*tcpip.ErrClosedForReceive); ok {
+			return vs, 0, io.EOF
+		}
+		if _, ok := err.(*tcpip.ErrTimeout); ok {
+			return vs, 0, c.opError(errTimeout{})
+		}
+		return vs, 0, c.opError(errors.New(err.String()))
+	}
+	if res.Count > 0 {
+		c.ep.ModerateRecvBuf(res.Count)
+		c.s.views.add(&c.stats, &c.reported)
+	}
+	return vs, res.Count, nil
+}
+
+// waitRead waits until ep.Read returns something or the read deadline
+// passes (reported as ErrTimeout).
+func (c *TCPConn) waitRead() (tcpip.ReadResult, tcpip.Error) {
+	if c.ready == nil {
+		c.entry, c.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
+	}
+	c.wq.EventRegister(&c.entry)
+	defer c.wq.EventUnregister(&c.entry)
+	var expired <-chan time.Time
+	for {
+		res, err := c.ep.Read(&c.w, tcpip.ReadOptions{})
+		if _, ok := err.(*tcpip.ErrWouldBlock); !ok {
+			return res, err
+		}
+		if d := c.deadline.Load(); d != 0 && expired == nil {
+			wait := time.Until(time.Unix(0, d))
+			if wait <= 0 {
+				return tcpip.ReadResult{}, &tcpip.ErrTimeout{}
+			}
+			if c.timer == nil {
+				c.timer = time.NewTimer(wait)
+			} else {
+				c.timer.Reset(wait)
+			}
+			defer c.timer.Stop()
+			expired = c.timer.C
+		}
+		select {
+		case <-c.ready:
+		case <-expired:
+			return tcpip.ReadResult{}, &tcpip.ErrTimeout{}
+		}
+	}
+}
+
+func (c *TCPConn) opError(err error) error {
+	return &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// errTimeout is a read deadline's error, a net.Error with Timeout true.
+type errTimeout struct{}
+
+func (errTimeout) Error() string   { return "i/o timeout" }
+func (errTimeout) Timeout() bool   { return true }
+func (errTimeout) Temporary() bool { return true }
+
+// copyPageSize is the size of the pages a connection copies payload into
+// when it cannot map it.
+const copyPageSize = 64 << 10
+
+// copyView copies as much of b as fits in the current copy page into a view.
+func (c *TCPConn) copyView(b []byte) (View, int, error) {
+	if c.copies == nil {
+		p, err := bufpool.New(bufpool.Config{PageSize: bufpool.PageSize64K, RingSize: 64})
+		if err != nil {
+			return View{}, 0, err
+		}
+		c.copies = p
+	}
+	if c.cur != nil && c.curOff == len(c.cur.Bytes()) {
+		c.copies.Recycle(c.cur)
+		c.cur = nil
+	}
+	if c.cur == nil {
+		pg, err := c.copies.Get()
+		if err != nil {
+			return View{}, 0, err
+		}
+		c.cur, c.curOff = pg, 0
+	}
+	dst := c.cur.Bytes()[c.curOff:]
+	n := copy(dst, b)
+	c.cur.IncRef()
+	c.curOff += n
+	return View{b: dst[:n:n], pg: c.cur}, n, nil
+}
+
+// viewWriter is the io.Writer ReadViews gives gVisor's Read: gVisor writes
+// the slices of its receive queue, in order, and each becomes a view.
+type viewWriter struct {
+	c     *TCPConn
+	views []View
+	left  int
+}
+
+// Write takes b (or the part of it that fits in what ReadViews may still
+// read) as views. A short write tells gVisor to stop.
+func (w *viewWriter) Write(b []byte) (int, error) {
+	n := min(len(b), w.left)
+	if n == 0 {
+		return 0, io.ErrShortWrite
+	}
+	st := &w.c.stats
+	rest := b[:n]
+	if m := w.c.s.chunks(); m != nil {
+		if v := m.view(rest); v != nil {
+			w.views = append(w.views, View{b: rest[:len(rest):len(rest)], v: v})
+			st.MappedBytes += uint64(len(rest))
+			if len(rest) == pageBytes(rest) {
+				st.PageBytes += uint64(len(rest))
+			}
+			st.Views++
+			rest = nil
+		}
+	}
+	for len(rest) > 0 {
+		v, m, err := w.c.copyView(rest)
+		if err != nil {
+			w.left -= n - len(rest)
+			return n - len(rest), err
+		}
+		w.views = append(w.views, v)
+		st.CopiedBytes += uint64(m)
+		st.Views++
+		rest = rest[m:]
+	}
+	w.left -= n
+	if n < len(b) {
+		return n, io.ErrShortWrite
+	}
+	return n, nil
+}
+
+// chunks returns the zero-copy stack's page memory, or nil.
+func (s *Stack) chunks() *viewMemory {
+	if s == nil || s.drv == nil || s.ep.lend == nil {
+		return nil
+	}
+	m, _ := s.drv.Pool().Memory().(*viewMemory)
+	return m
+}
+
+// pageBytes returns len(b) if b is one whole, aligned page of the pool's
+// base size (what tcp_mmap could map), else 0.
+func pageBytes(b []byte) int {
+	if len(b) == bufpool.PageSize4K && addr(b)%bufpool.PageSize4K == 0 {
+		return len(b)
+	}
+	return 0
+}

@@ -1,0 +1,442 @@
+package stack
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
+)
+
+// zcConfigs are the receive paths zero copy is tested on.
+var zcConfigs = []struct {
+	name string
+	dc   driver.Config
+}{
+	{"sw-gro", driver.Config{}},
+	{"lro", driver.Config{LRO: true}},
+	{"hds-256/cyclic", driver.Config{HDS: 256, RQ: driver.RQCyclic}},
+	{"hw-gro-on", driver.Config{HWGRO: driver.HWGROOn}},
+	{"hw-gro-coalesce", driver.Config{HWGRO: driver.HWGROCoalesce}},
+}
+
+// TestZeroCopyBulk sends through every receive path with payload lent to
+// gVisor, read with Read: every byte arrives, frags went as views, pages
+// were reused once gVisor let go, and every page is back (pairConfig
+// checks the pool after Close).
+func TestZeroCopyBulk(t *testing.T) {
+	for _, tc := range zcConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			rx, peer := pairConfig(t, Config{Driver: tc.dc, ZeroCopy: true})
+			bulkTo(t, rx, peer, netip.MustParseAddrPort("192.0.2.1:9"), 8<<20)
+			c := counterMap(rx)
+			if c["zc_views_lent"] == 0 || c["rx_pp_lent"] == 0 {
+				t.Errorf("zc_views_lent %d, rx_pp_lent %d: want > 0", c["zc_views_lent"], c["rx_pp_lent"])
+			}
+			if c["rx_pp_alloc_fast"] == 0 {
+				t.Error("rx_pp_alloc_fast: got 0, want lent pages reused once gVisor let go")
+			}
+			if c["zc_frags_copied"] != 0 {
+				t.Errorf("zc_frags_copied: got %d, want 0", c["zc_frags_copied"])
+			}
+		})
+	}
+}
+
+// dialSend connects peer to addr and sends n pseudo-random bytes in the
+// background; the returned channel yields their SHA-256.
+func dialSend(t *testing.T, peer *Stack, addr netip.AddrPort, n int) <-chan [32]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := peer.DialTCP(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	want := make(chan [32]byte, 1)
+	go func() {
+		defer c.Close()
+		sum, err := sendAndHash(c, n, 64<<10, 5)
+		if err != nil {
+			sum = [32]byte{} // matches nothing: the receiver reports it
+		}
+		want <- sum
+	}()
+	return want
+}
+
+func acceptTCP(t *testing.T, l net.Listener) *TCPConn {
+	t.Helper()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, ok := c.(*TCPConn)
+	if !ok {
+		t.Fatalf("Accept returned %T, want *TCPConn", c)
+	}
+	t.Cleanup(func() { tc.Close() })
+	tc.SetReadDeadline(time.Now().Add(60 * time.Second))
+	return tc
+}
+
+// TestReadViews reads a bulk transfer with ReadViews, holding the views of
+// the first 2 MB until the end while 14 MB more arrive: every byte matches,
+// the held bytes did not change, and with zero copy the bytes were mapped
+// (with coalescing, mostly in whole pages) rather than copied.
+func TestReadViews(t *testing.T) {
+	const size, held = 16 << 20, 2 << 20
+	for _, tc := range append(zcConfigs, struct {
+		name string
+		dc   driver.Config
+	}{"copy", driver.Config{}}) {
+		t.Run(tc.name, func(t *testing.T) {
+			zc := tc.name != "copy"
+			rx, peer := pairConfig(t, Config{Driver: tc.dc, ZeroCopy: zc})
+			addr := netip.MustParseAddrPort("192.0.2.1:10")
+			l, err := rx.ListenTCP(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			want := dialSend(t, peer, addr, size)
+			c := acceptTCP(t, l)
+
+			h := sha256.New()
+			var early []View
+			heldSum := sha256.New()
+			var total int
+			vs := make([]View, 0, 64)
+			for {
+				var n int
+				vs, n, err = c.ReadViews(vs[:0], 1<<20)
+				if n != sumLen(vs) {
+					t.Fatalf("ReadViews returned %d bytes in views of %d", n, sumLen(vs))
+				}
+				for i := range vs {
+					b := vs[i].Bytes()
+					h.Write(b)
+					if total < held {
+						heldSum.Write(b)
+						early = append(early, vs[i])
+					} else {
+						vs[i].Release()
+					}
+					total += len(b)
+				}
+				if err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("ReadViews: %v after %d bytes", err, total)
+			}
+			var got [32]byte
+			h.Sum(got[:0])
+			if w := <-want; got != w {
+				t.Fatalf("sha256 of %d bytes read: got %x, want %x", total, got, w)
+			}
+			// The held views still hold what they held.
+			again := sha256.New()
+			for i := range early {
+				again.Write(early[i].Bytes())
+				early[i].Release()
+			}
+			if string(again.Sum(nil)) != string(heldSum.Sum(nil)) {
+				t.Fatal("bytes of views held across later traffic changed")
+			}
+			st := c.ViewStats()
+			t.Logf("mapped %d (whole pages %d), copied %d bytes in %d views", st.MappedBytes, st.PageBytes, st.CopiedBytes, st.Views)
+			if st.MappedBytes+st.CopiedBytes != uint64(total) {
+				t.Errorf("mapped+copied = %d, want %d", st.MappedBytes+st.CopiedBytes, total)
+			}
+			switch {
+			case !zc && st.MappedBytes != 0:
+				t.Errorf("mapped %d bytes without zero copy, want 0", st.MappedBytes)
+			case zc && tc.dc.HDS == 0 && st.MappedBytes < uint64(total)*9/10:
+				t.Errorf("mapped %d of %d bytes with zero copy, want at least 90%%", st.MappedBytes, total)
+			case zc && st.MappedBytes < uint64(total)/2:
+				// hds 256 copies payload into the linear part: that is copied.
+				t.Errorf("mapped %d of %d bytes with zero copy and hds %d, want at least half", st.MappedBytes, total, tc.dc.HDS)
+			}
+			if tc.dc.HWGRO == driver.HWGROCoalesce && st.PageBytes < uint64(total)/2 {
+				t.Errorf("whole-page views with coalescing: %d of %d bytes, want at least half", st.PageBytes, total)
+			}
+		})
+	}
+}
+
+func sumLen(vs []View) int {
+	n := 0
+	for i := range vs {
+		n += vs[i].Len()
+	}
+	return n
+}
+
+// TestReadViewsDeadline: ReadViews with nothing to read returns a timeout
+// at the read deadline.
+func TestReadViewsDeadline(t *testing.T) {
+	rx, peer := pairConfig(t, Config{ZeroCopy: true})
+	addr := netip.MustParseAddrPort("192.0.2.1:11")
+	l, err := rx.ListenTCP(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc, err := peer.DialTCP(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	c := acceptTCP(t, l)
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	vs, n, err := c.ReadViews(nil, 100)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || n != 0 || len(vs) != 0 {
+		t.Fatalf("ReadViews on an idle connection: %d bytes, %d views, %v; want a timeout", n, len(vs), err)
+	}
+}
+
+// nullDispatcher drops what it is given (dispatch releases it).
+type nullDispatcher struct{ n int }
+
+func (d *nullDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *gstack.PacketBuffer) {
+	d.n++
+}
+
+func (d *nullDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack.PacketBuffer) {}
+
+// TestLendNoAllocs pins the zero-copy cycle at zero heap allocations per
+// packet once warm: a page from the pool filled, lent to gVisor as views in
+// a packet of 16 frags, released by gVisor, and reused by the pool.
+func TestLendNoAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race or -cover")
+	}
+	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d nullDispatcher
+	ep := &linkEndpoint{lend: new(lendStats)}
+	ep.Attach(&d)
+	hdr := make([]byte, 66)
+	hdr[12], hdr[13] = 0x08, 0x00
+	deliver := func() {
+		pkt := bufpool.NewPacket()
+		pkt.Linear = append(pkt.Linear, hdr...)
+		pkt.HdrLen = len(hdr)
+		pkt.Len = len(hdr)
+		for range 16 {
+			pg, err := pool.Get()
+			if err != nil {
+				t.Fatal(err)
+			}
+			pkt.Frags = append(pkt.Frags, bufpool.Frag{Page: pg, Len: 2048})
+			pkt.Len += 2048
+			pg.IncRef()
+			pool.Recycle(pg) // the NIC retires it; the frag holds it
+		}
+		ep.Deliver(pkt)
+	}
+	for range 100 {
+		deliver()
+	}
+	if allocs := testing.AllocsPerRun(500, deliver); allocs != 0 {
+		t.Errorf("allocations per lent packet: got %v, want 0", allocs)
+	}
+	st := pool.Stats()
+	if st.Lent < 600*16 || st.AllocFast < 500*16 {
+		t.Errorf("pages lent %d, reused %d: want every page lent and reused", st.Lent, st.AllocFast)
+	}
+	if d.n != 601 {
+		t.Errorf("packets dispatched: got %d, want 601", d.n)
+	}
+	pool.Close()
+	if n := pool.InUse(); n != 0 {
+		t.Errorf("pages in use: got %d, want 0", n)
+	}
+}
+
+// TestLentPageNotReusedWhileHeld: a page gVisor (here a view the test
+// keeps, as a socket's receive queue would) still holds is not handed to the
+// NIC again, and its bytes stay as delivered; once released it is reused.
+func TestLentPageNotReusedWhileHeld(t *testing.T) {
+	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 8, Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []*gstack.PacketBuffer
+	d := &keepDispatcher{keep: &held}
+	ep := &linkEndpoint{lend: new(lendStats)}
+	ep.Attach(d)
+	pg, err := pool.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(pg.Bytes(), "payload bytes")
+	pkt := bufpool.NewPacket()
+	pkt.Linear = append(pkt.Linear, make([]byte, 14)...)
+	pkt.Linear[12] = 0x08
+	pkt.HdrLen = 14
+	pkt.Frags = append(pkt.Frags, bufpool.Frag{Page: pg, Len: 13})
+	pkt.Len = 27
+	pg.IncRef()
+	pool.Recycle(pg)
+	ep.Deliver(pkt)
+	if len(held) != 1 {
+		t.Fatalf("packets held: %d", len(held))
+	}
+	for range 4 {
+		q, err := pool.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q == pg {
+			t.Fatal("the pool handed out a page gVisor still holds")
+		}
+		copy(q.Bytes(), "overwritten!!")
+		pool.Recycle(q)
+	}
+	if got := string(held[0].Data().AsRange().ToSlice()); got != "payload bytes" {
+		t.Fatalf("delivered payload: got %q", got)
+	}
+	if st := pool.Stats(); st.LentBusy == 0 {
+		t.Error("rx_pp_lent_busy: got 0, want > 0")
+	}
+	held[0].DecRef()
+	if q, _ := pool.Get(); q != pg {
+		t.Error("a page gVisor let go of was not reused")
+	} else {
+		pool.Recycle(q)
+	}
+	pool.Close()
+}
+
+// keepDispatcher keeps a reference on every packet, past the parse of the
+// Ethernet header.
+type keepDispatcher struct{ keep *[]*gstack.PacketBuffer }
+
+func (d *keepDispatcher) DeliverNetworkPacket(_ tcpip.NetworkProtocolNumber, pkt *gstack.PacketBuffer) {
+	pkt.IncRef()
+	*d.keep = append(*d.keep, pkt)
+}
+
+func (d *keepDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack.PacketBuffer) {}
+
+// TestChunkRefs: the reference count read from gVisor's private layout
+// follows clones and releases.
+func TestChunkRefs(t *testing.T) {
+	if !refsLayout.ok {
+		t.Fatal("gVisor's chunk layout was not recognised: lent pages are never reused")
+	}
+	v := buffer.NewViewSize(4096)
+	defer v.Release()
+	var clones []*buffer.View
+	for i := 1; i <= 5; i++ {
+		if n, ok := chunkRefs(v); !ok || n != int64(i) {
+			t.Fatalf("refs with %d clones: got %d %v, want %d", i-1, n, ok, i)
+		}
+		clones = append(clones, v.Clone())
+	}
+	for _, c := range clones {
+		c.Release()
+	}
+	if n, _ := chunkRefs(v); n != 1 {
+		t.Errorf("refs after releasing the clones: got %d, want 1", n)
+	}
+}
+
+// BenchmarkTCPRead moves a bulk TCP transfer over the in-memory wire and
+// reads it with Read (into one reused buffer) or with ReadViews (released
+// at once), with payload copied into gVisor or lent. One op is 64 KB.
+func BenchmarkTCPRead(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		dc    driver.Config
+		zc    bool
+		views bool
+	}{
+		{"sw-gro/copy/Read", driver.Config{}, false, false},
+		{"sw-gro/zc/Read", driver.Config{}, true, false},
+		{"sw-gro/zc/ReadViews", driver.Config{}, true, true},
+		{"hw-gro-on/zc/ReadViews", driver.Config{HWGRO: driver.HWGROOn}, true, true},
+		{"hw-gro-coalesce/copy/Read", driver.Config{HWGRO: driver.HWGROCoalesce}, false, false},
+		{"hw-gro-coalesce/zc/Read", driver.Config{HWGRO: driver.HWGROCoalesce}, true, false},
+		{"hw-gro-coalesce/zc/ReadViews", driver.Config{HWGRO: driver.HWGROCoalesce}, true, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			rx, peer := pairConfig(b, Config{Driver: bc.dc, ZeroCopy: bc.zc})
+			addr := netip.MustParseAddrPort("192.0.2.1:12")
+			l, err := rx.ListenTCP(addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			const chunk = 64 << 10
+			total := b.N * chunk
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			pc, err := peer.DialTCP(ctx, addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c, err := l.Accept()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			sent := make(chan error, 1)
+			go func() {
+				defer pc.Close()
+				buf := make([]byte, chunk)
+				for range b.N {
+					if _, err := pc.Write(buf); err != nil {
+						sent <- err
+						return
+					}
+				}
+				sent <- nil
+			}()
+			b.SetBytes(chunk)
+			b.ReportAllocs()
+			b.ResetTimer()
+			tc := c.(*TCPConn)
+			buf := make([]byte, 1<<20)
+			vs := make([]View, 0, 256)
+			for got := 0; got < total; {
+				var n int
+				if bc.views {
+					vs, n, err = tc.ReadViews(vs[:0], 1<<20)
+					for i := range vs {
+						vs[i].Release()
+					}
+				} else {
+					n, err = tc.Read(buf)
+				}
+				got += n
+				if err != nil {
+					b.Fatalf("after %d of %d bytes: %v", got, total, err)
+				}
+			}
+			b.StopTimer()
+			if err := <-sent; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
