@@ -240,7 +240,7 @@ func (t *IP6Tunnel) add() error {
 	if t.KernelInner6.IsValid() {
 		k6 := netip.PrefixFrom(t.KernelInner6.Addr(), 128).String()
 		s6 := netip.PrefixFrom(t.StackInner6.Addr(), 128).String()
-		if err := do([]string{"addr", "del", k6, "dev", "lo"}, "addr", "add", k6, "dev", "lo"); err != nil {
+		if err := do([]string{"addr", "del", k6, "dev", "lo"}, "addr", "add", k6, "dev", "lo", "nodad"); err != nil {
 			return err
 		}
 		if err := do([]string{"-6", "route", "del", s6}, "-6", "route", "add", s6, "encap", "seg6", "mode", "encap.red", "segs", so,
