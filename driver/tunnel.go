@@ -28,9 +28,15 @@ const maxTunnelOuterLen = 128
 //	+----------+--------------------------+--------------------+----+---------+
 //
 // With next header 4 (an IPv4 packet inside) or 41 (IPv6 inside) the NIC
-// model parses and checks the inner packet and reports it in the CQE, and
-// the driver hands the packet up decapsulated (Ethernet + inner IP + L4:
-// the outer header is dropped) before GRO, LRO and hardware GRO see it.
+// model parses and checks the inner packet (its checksums: verified, or
+// trusted from the virtio-net header, whose csum_start must then point
+// into the inner packet) and reports it in the CQE; the ring gets the whole
+// frame. The driver hands the packet up decapsulated (Ethernet with the
+// inner EtherType + inner IP + L4: the outer header's bytes are skipped
+// while the headers are copied, see Driver.build), so software GRO merges
+// inner flows. LRO has nothing to aggregate (a TAP gets tunnelled traffic
+// already segmented) and hardware GRO places tunnel frames as plain frames,
+// outside its sessions.
 // ICMPv6 to a tunnel address goes up as it came (neighbour discovery and
 // errors need it); any other next header is DropTunnelProto, and a tunnel
 // frame that cannot be decapsulated (outer fragment, outer header longer
