@@ -15,20 +15,25 @@ import (
 // 2001:db8::12 with inner 10.78.0.1 and fd78::1. Every inner packet, both
 // ways, is encapsulated by one stack's tunnel NIC and decapsulated by the
 // other's driver.
-func tunnelPair(t *testing.T, dc driver.Config) (rx, peer *Stack) {
+func tunnelPair(t *testing.T, dc driver.Config, zeroCopy bool) (rx, peer *Stack) {
 	t.Helper()
 	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	pool, err := bufpool.New(bufpool.Config{Poison: true, RingSize: 1 << 15})
+	pc := bufpool.Config{Poison: true, RingSize: 1 << 15}
+	if zeroCopy {
+		pc.Memory = newViewMemory()
+	}
+	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dc.Pool = pool
 	outerRX, outerPeer := netip.MustParseAddr("2001:db8::11"), netip.MustParseAddr("2001:db8::12")
 	rx, err = New(Config{
-		Wire:   a,
-		Addrs:  []netip.Prefix{netip.MustParsePrefix("2001:db8::1/64")},
-		MAC:    [6]byte{2, 0, 0, 0, 0, 1},
-		Driver: dc,
+		Wire:     a,
+		Addrs:    []netip.Prefix{netip.MustParsePrefix("2001:db8::1/64")},
+		MAC:      [6]byte{2, 0, 0, 0, 0, 1},
+		Driver:   dc,
+		ZeroCopy: zeroCopy,
 		Tunnel: &TunnelConfig{Local: outerRX, Remote: outerPeer, Addrs: []netip.Prefix{
 			netip.MustParsePrefix("10.78.0.2/24"), netip.MustParsePrefix("fd78::2/64")}},
 	})
@@ -66,15 +71,17 @@ func TestTunnelBulkMem(t *testing.T) {
 	for _, tc := range []struct {
 		dst string
 		dc  driver.Config
+		zc  bool
 	}{
-		{"10.78.0.2:9", driver.Config{}},
-		{"[fd78::2]:9", driver.Config{}},
-		{"10.78.0.2:9", driver.Config{LRO: true, HDS: 256}},
-		{"[fd78::2]:9", driver.Config{HWGRO: driver.HWGROOn}},
+		{"10.78.0.2:9", driver.Config{}, false},
+		{"[fd78::2]:9", driver.Config{}, false},
+		{"10.78.0.2:9", driver.Config{LRO: true, HDS: 256}, false},
+		{"[fd78::2]:9", driver.Config{HWGRO: driver.HWGROOn}, false},
+		{"10.78.0.2:9", driver.Config{}, true},
 	} {
-		name := fmt.Sprintf("%s/lro-%v/hds-%s/hw-gro-%s", tc.dst, tc.dc.LRO, driver.FormatHDS(tc.dc.HDS), tc.dc.HWGRO)
+		name := fmt.Sprintf("%s/lro-%v/hds-%s/hw-gro-%s/zero-copy-%v", tc.dst, tc.dc.LRO, driver.FormatHDS(tc.dc.HDS), tc.dc.HWGRO, tc.zc)
 		t.Run(name, func(t *testing.T) {
-			rx, peer := tunnelPair(t, tc.dc)
+			rx, peer := tunnelPair(t, tc.dc, tc.zc)
 			bulkTo(t, rx, peer, netip.MustParseAddrPort(tc.dst), size)
 			c, p := counterMap(rx), counterMap(peer)
 			if c["rx_tunnel_decap"] == 0 || c["tunnel_rx_packets"] == 0 {
@@ -91,6 +98,9 @@ func TestTunnelBulkMem(t *testing.T) {
 			}
 			if c["rx_gro_skbs"] == 0 || c["rx_gro_packets"] <= c["rx_gro_skbs"] {
 				t.Errorf("GRO: rx_gro_packets %d into rx_gro_skbs %d, want merges", c["rx_gro_packets"], c["rx_gro_skbs"])
+			}
+			if tc.zc && c["zc_views_lent"] == 0 {
+				t.Errorf("zc_views_lent with zero copy: got 0, want the decapsulated payload lent")
 			}
 			for _, name := range []string{"rx_dropped", "tunnel_tx_errors"} {
 				if c[name] != 0 || p[name] != 0 {
