@@ -3,11 +3,9 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
@@ -17,9 +15,11 @@ import (
 
 // newTunnelRig is newRig with an IPv6 tunnel from the kernel in the bed's
 // namespace to ustack (testbed.AddIP6Tunnel, mode any), which ustack
-// terminates itself (stack.TunnelConfig). Cleanup removes the tunnel with
-// the bed.
-func newTunnelRig(t *testing.T, prefix string, mtu int, dc driver.Config) (*rig, *testbed.IP6Tunnel) {
+// terminates itself (stack.TunnelConfig). The rig's stack addresses
+// (r.bed.StackAddr4 and StackAddr6, r.stackAP) are the tunnel's inner ones,
+// so that kernelToStack sends through the tunnel. Cleanup removes the
+// tunnel with the bed.
+func newTunnelRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 	t.Helper()
 	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix, MTU: mtu})
 	if err != nil {
@@ -61,14 +61,16 @@ func newTunnelRig(t *testing.T, prefix string, mtu int, dc driver.Config) (*rig,
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{bed: bed, st: st}
+	view := *bed
+	view.StackAddr4, view.StackAddr6 = tun.StackInner4, tun.StackInner6
+	r := &rig{bed: &view, st: st}
 	t.Cleanup(func() { r.close(t) })
 	if err := tun.Add(); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("tunnel: %s mode %s, kernel %s -> stack %s, kernel decapsulates at %s and %s", tun.Kind, tun.Mode,
 		tun.KernelOuter, tun.StackOuter, tun.KernelDecap4, tun.KernelDecap6)
-	return r, tun
+	return r
 }
 
 // TestTunnelTCP sends a bulk stream from a kernel socket in the namespace
@@ -93,12 +95,8 @@ func TestTunnelTCP(t *testing.T) {
 		lro := map[bool]string{true: "on", false: "off"}[tc.lro]
 		name := fmt.Sprintf("%s-in-ipv6/lro-%s/hds-%s", family(tc.v6), lro, driver.FormatHDS(tc.hds))
 		t.Run(name, func(t *testing.T) {
-			r, tun := newTunnelRig(t, fmt.Sprintf("usit-tnl%d", i), 1500, driver.Config{LRO: tc.lro, HDS: tc.hds})
-			dst := tun.StackInner4.Addr()
-			if tc.v6 {
-				dst = tun.StackInner6.Addr()
-			}
-			elapsed := kernelToStackAt(t, r, netip.AddrPortFrom(dst, 9), n, uint64(300+i))
+			r := newTunnelRig(t, fmt.Sprintf("usit-tnl%d", i), 1500, driver.Config{LRO: tc.lro, HDS: tc.hds})
+			elapsed := kernelToStack(t, r, tc.v6, 9, n, uint64(300+i))
 			logRate(t, "kernel -> tunnel -> ustack", n, elapsed)
 
 			c := counters(r.st)
@@ -145,42 +143,4 @@ func TestTunnelTCP(t *testing.T) {
 			r.close(t) // checks that every page is back in the pool
 		})
 	}
-}
-
-// kernelToStackAt is kernelToStack to the stack's address ap (any of its
-// addresses, the tunnel's included).
-func kernelToStackAt(t *testing.T, r *rig, ap netip.AddrPort, n int64, seed uint64) time.Duration {
-	t.Helper()
-	l, err := r.st.ListenTCP(ap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	deadline := time.Now().Add(transferTimeout(n))
-	res := acceptOne(l, deadline)
-
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	c, err := r.bed.NS.DialTCP(ctx, ap, cc)
-	if err != nil {
-		diagnose(t, r)
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(deadline)
-	start := time.Now()
-	want, err := sendHashed(progressConn{c, deadline}, n, writeSize, seed)
-	if err != nil {
-		diagnose(t, r)
-		t.Fatalf("kernel sender: %v", err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatalf("kernel sender close: %v", err)
-	}
-	got := waitHash(t, r, res, deadline)
-	elapsed := time.Since(start)
-	if !checkHash(t, got, n, want) {
-		diagnose(t, r)
-	}
-	return elapsed
 }
