@@ -132,3 +132,55 @@ func TestTunnelConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestTunnelDeliverNoAllocs pins the link endpoint's hand-off of a
+// decapsulated packet to the tunnel NIC at zero heap allocations per packet
+// (zero copy, as TestLendNoAllocs), and checks that a packet for an inner
+// address goes to the tunnel NIC and one for another address to the wire's.
+func TestTunnelDeliverNoAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race or -cover")
+	}
+	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var wire, tunnel nullDispatcher
+	tc := TunnelConfig{Local: netip.MustParseAddr("2001:db8::11"), Remote: netip.MustParseAddr("2001:db8::12"),
+		Addrs: []netip.Prefix{netip.MustParsePrefix("10.78.0.2/24")}}
+	ep := &linkEndpoint{lend: new(lendStats), tunnel: newTunnelEndpoint(&tc, 1500)}
+	ep.Attach(&wire)
+	ep.tunnel.Attach(&tunnel)
+	hdr := make([]byte, 66)
+	hdr[12], hdr[13] = 0x08, 0x00
+	hdr[14] = 0x45
+	copy(hdr[14+16:], []byte{10, 78, 0, 2})
+	other := append([]byte(nil), hdr...)
+	copy(other[14+16:], []byte{10, 78, 0, 3})
+	deliver := func(h []byte) {
+		pkt := bufpool.NewPacket()
+		pkt.Linear = append(pkt.Linear, h...)
+		pkt.HdrLen = len(h)
+		pkt.Len = len(h)
+		pg, err := pool.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pkt.Frags = append(pkt.Frags, bufpool.Frag{Page: pg, Len: 1400})
+		pkt.Len += 1400
+		pg.IncRef()
+		pool.Recycle(pg)
+		ep.Deliver(pkt)
+	}
+	for range 100 {
+		deliver(hdr)
+	}
+	if allocs := testing.AllocsPerRun(500, func() { deliver(hdr) }); allocs != 0 {
+		t.Errorf("allocations per packet to the tunnel: got %v, want 0", allocs)
+	}
+	deliver(other)
+	if tunnel.n != 601 || wire.n != 1 {
+		t.Errorf("packets dispatched: got %d to the tunnel and %d to the wire, want 601 and 1", tunnel.n, wire.n)
+	}
+}
