@@ -57,7 +57,7 @@ type TunnelConfig struct {
 	Remote netip.Addr
 	// Remote4, if valid, is the outer destination for IPv4 inner packets
 	// instead of Remote: for a peer that decapsulates each inner family at
-	// an address of its own (Linux seg6local End.DX4 and End.DX6).
+	// an address of its own (Linux seg6local End.DX4 and End.DT6 segments).
 	Remote4 netip.Addr
 	// Addrs are ustack's inner addresses with their subnets. They are the
 	// tunnel NIC's, and each subnet is routed through the tunnel.
