@@ -150,6 +150,10 @@ type Config struct {
 	WireTap FrameTap
 	// Pool supplies the RX pages. If nil, a 4 KB order-0 pool is made.
 	Pool *bufpool.Pool
+	// Tunnel terminates IPv6 tunnels (IPv4-in-IPv6, IPv6-in-IPv6) to its
+	// local addresses: such frames are handed up decapsulated. Off when
+	// it lists no address.
+	Tunnel TunnelConfig
 }
 
 func (c *Config) setDefaults() error {
@@ -194,6 +198,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HWGRO != HWGROOff && c.LRO {
 		return fmt.Errorf("hw-gro and lro: the hardware does one or the other")
+	}
+	if err := c.Tunnel.validate(); err != nil {
+		return err
 	}
 	if c.RQ != RQStriding && c.RQ != RQCyclic {
 		return fmt.Errorf("rq mode %d unknown", c.RQ)

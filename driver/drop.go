@@ -29,6 +29,8 @@ const (
 	DropMulticast             // multicast group not joined
 	DropNoBuffer              // no RX buffer
 	DropTooBig                // frame larger than the MTU allows
+	DropTunnelProto           // to a local tunnel address (TunnelConfig), next header neither 4, 41 nor ICMPv6
+	DropBadTunnel             // tunnel frame that cannot be decapsulated: outer fragment, outer header too long, GSO
 	NumDrops                  // number of Drop values
 )
 
@@ -53,6 +55,8 @@ var dropNames = [NumDrops]string{
 	DropMulticast:        "rx_drop_multicast",
 	DropNoBuffer:         "rx_drop_no_buffer",
 	DropTooBig:           "rx_drop_too_big",
+	DropTunnelProto:      "rx_drop_tunnel_proto",
+	DropBadTunnel:        "rx_drop_bad_tunnel",
 }
 
 // String returns the drop counter's name in ethtool -S style, such as

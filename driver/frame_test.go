@@ -569,7 +569,9 @@ func TestDropString(t *testing.T) {
 		{DropMulticast, "rx_drop_multicast"},
 		{DropNoBuffer, "rx_drop_no_buffer"},
 		{DropTooBig, "rx_drop_too_big"},
-		{NumDrops, "rx_drop_unknown_20"},
+		{DropTunnelProto, "rx_drop_tunnel_proto"},
+		{DropBadTunnel, "rx_drop_bad_tunnel"},
+		{NumDrops, "rx_drop_unknown_22"},
 		{255, "rx_drop_unknown_255"},
 	}
 	for _, tt := range tests {

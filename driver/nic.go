@@ -36,6 +36,9 @@ type nicState struct {
 	segInfo FrameInfo
 	fi      FrameInfo
 	drop    Drop
+
+	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
+	outerLen int        // the current frame's outer tunnel header, 0 if none
 }
 
 func (n *nicState) init(d *Driver) {
@@ -43,6 +46,7 @@ func (n *nicState) init(d *Driver) {
 	n.rbuf = make([]byte, VirtioNetHdrLen+maxLROFrame)
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
+	n.tunLocal = d.cfg.Tunnel.locals()
 	n.wqeBytes = d.cfg.WQEBytes
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
 		// One buffer per frame, sized for the largest frame, starting on
@@ -127,6 +131,18 @@ func (n *nicState) receive(b []byte) {
 		st.DroppedVLAN.Add(1)
 		return
 	}
+	// A tunnel frame continues as the frame it carries (fi, h and the
+	// checksum below see the decapsulated frame, frame[outer:]); the ring
+	// still gets the whole frame, as a NIC's DMA writes it.
+	outer, drop := decapsulate(&h, frame, fi, n.tunLocal)
+	if drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	n.outerLen = outer
+	if outer > 0 {
+		st.TunnelDecap.Add(1)
+	}
 	if h.GSOType != VirtioNetHdrGSONone {
 		st.GSOFrames.Add(1)
 		n.receiveGSO(&h, frame, fi)
@@ -136,7 +152,7 @@ func (n *nicState) receive(b []byte) {
 		n.dropped(DropTooBig)
 		return
 	}
-	cs, drop := n.checksum(&h, frame, fi)
+	cs, drop := n.checksum(&h, frame[outer:], fi)
 	if drop != DropNone {
 		n.dropped(drop)
 		return
@@ -248,7 +264,7 @@ func (n *nicState) dropped(d Drop) { n.d.stats.Dropped[d].Add(1) }
 // want of a buffer.
 func (n *nicState) place(a, b []byte) bool {
 	d := n.d
-	if d.cfg.HWGRO != HWGROOff && n.info.L4 == L4TCP && n.gsoSize == 0 {
+	if d.cfg.HWGRO != HWGROOff && n.info.L4 == L4TCP && n.gsoSize == 0 && n.outerLen == 0 {
 		hdr, payload := a, b
 		if b == nil {
 			h := n.info.HeaderLen()
@@ -280,6 +296,7 @@ func (n *nicState) place(a, b []byte) bool {
 	cqe.Info = *n.info
 	cqe.Csum = n.csum
 	cqe.GSOSize = n.gsoSize
+	cqe.OuterLen = uint16(n.outerLen)
 	cqe.HWGRO, cqe.Match = false, false
 	cqe.NFrags = 0
 	off := n.off

@@ -35,6 +35,11 @@ type CQE struct {
 	Info      FrameInfo // L2/L3/L4 types and lengths (the CQE's l3/l4/vlan fields)
 	Csum      CsumState
 	GSOSize   uint16 // LRO: the MSS of the aggregated segments; 0 otherwise
+	// OuterLen is, for a tunnel frame (TunnelConfig), the length of its
+	// outer IPv6 header (extension headers included) between the Ethernet
+	// header and the inner IP packet; 0 otherwise. ByteCount counts it;
+	// Info describes the frame without it, as the driver hands it up.
+	OuterLen uint16
 	// Hardware GRO (SHAMPO): the frame's headers are in header buffer
 	// entry HeaderIndex (HeaderSize bytes) and its payload at DataOffset of
 	// the session's reservation (Frags); Match says it continues the

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"encoding/binary"
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
@@ -125,13 +126,22 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	return cons, more, again
 }
 
-// headerCopyLen is the linear part's length for a frame: the seed 000
-// estimate from the CQE's L3/L4 types (TCP timestamps assumed), or the fixed
-// copy size.
+// headerCopyLen is the header copy's length for a frame as the NIC wrote it
+// (a tunnel frame's outer header included): the seed 000 estimate from the
+// CQE's L3/L4 types (TCP timestamps assumed), or the fixed copy size.
+//
+// For a tunnel frame the estimate counts the outer header as the seed's CQE
+// counts an IP header, by its fixed size (sizeof(struct ipv6hdr)), and the
+// inner headers by the CQE's inner L3/L4 types; outer extension headers are
+// left out, as the seed leaves IPv6 extension headers out. build then drops
+// the outer header's bytes from the copy.
 func (d *Driver) headerCopyLen(cqe *CQE) int {
 	n := d.cfg.HDS
 	if n == HDSAuto {
 		n = MinHeaderLen(&cqe.Info)
+		if cqe.OuterLen > 0 {
+			n += ipv6HdrLen // sizeof(struct ipv6hdr): the outer header
+		}
 	}
 	return min(n, int(cqe.ByteCount))
 }
@@ -163,6 +173,12 @@ func MinHeaderLen(fi *FrameInfo) int {
 // build turns a completion into a Packet: the header copy into the linear
 // part, the rest of the frame left in place as frags. The CQE's page
 // references move to the packet.
+//
+// A tunnel frame is decapsulated here, as a tunnel driver pulls the outer
+// header off a received skb: of the header copy, the Ethernet header goes to
+// the linear part with the inner EtherType, the outer IPv6 header's bytes are
+// skipped, and the inner headers follow; the packet's length leaves the
+// outer header out.
 func (d *Driver) build(cqe *CQE) *Packet {
 	pkt := bufpool.NewPacket()
 	pkt.CsumVerified = cqe.Csum != CsumNone
@@ -170,15 +186,34 @@ func (d *Driver) build(cqe *CQE) *Packet {
 	pkt.Len = int(cqe.ByteCount)
 	pkt.HdrLen = cqe.Info.HeaderLen()
 	want := d.headerCopyLen(cqe)
+	// The frame's bytes in order: copy1 to the linear part, skip (the
+	// outer header), copy2 to the linear part, the rest as frags.
+	copy1, skip, copy2 := want, 0, 0
+	if outer := int(cqe.OuterLen); outer > 0 {
+		l2 := cqe.Info.L2Len
+		copy1, skip, copy2 = l2, outer, max(want-l2-outer, 0)
+		pkt.Len -= outer
+	}
 	lin := pkt.Linear[:0]
 	for i := 0; i < int(cqe.NFrags); i++ {
 		f := cqe.Frags[i]
 		cqe.Frags[i] = bufpool.Frag{}
-		if c := want - len(lin); c > 0 {
-			c = min(c, int(f.Len))
+		if c := min(copy1, int(f.Len)); c > 0 {
 			lin = append(lin, f.Page.Bytes()[f.Off:f.Off+uint32(c)]...)
 			f.Off += uint32(c)
 			f.Len -= uint32(c)
+			copy1 -= c
+		}
+		if c := min(skip, int(f.Len)); copy1 == 0 && c > 0 {
+			f.Off += uint32(c)
+			f.Len -= uint32(c)
+			skip -= c
+		}
+		if c := min(copy2, int(f.Len)); copy1 == 0 && skip == 0 && c > 0 {
+			lin = append(lin, f.Page.Bytes()[f.Off:f.Off+uint32(c)]...)
+			f.Off += uint32(c)
+			f.Len -= uint32(c)
+			copy2 -= c
 		}
 		if f.Len == 0 {
 			f.Page.DecRef()
@@ -187,6 +222,9 @@ func (d *Driver) build(cqe *CQE) *Packet {
 		pkt.Frags = append(pkt.Frags, f)
 	}
 	cqe.NFrags = 0
+	if l2 := cqe.Info.L2Len; cqe.OuterLen > 0 && len(lin) >= l2 {
+		binary.BigEndian.PutUint16(lin[l2-2:], cqe.Info.EtherType)
+	}
 	pkt.Linear = lin
 	return pkt
 }

@@ -16,6 +16,7 @@ type Stats struct {
 	CsumUnneeded atomic.Uint64 // rx_csum_unnecessary: frames trusted by DATA_VALID
 	CsumComplete atomic.Uint64 // rx_csum_complete: frames whose checksums the NIC model verified
 	CsumNone     atomic.Uint64 // rx_csum_none: frames with no checksum to verify (ARP, ...)
+	TunnelDecap  atomic.Uint64 // rx_tunnel_decap: tunnel frames decapsulated (TunnelConfig)
 	WQEs         atomic.Uint64 // rx_wqes: WQEs (buffers) posted
 	Strides      atomic.Uint64 // rx_strides: strides consumed
 	CQEStalls    atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
@@ -60,6 +61,7 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_csum_unnecessary", s.CsumUnneeded.Load())
 	fn("rx_csum_complete", s.CsumComplete.Load())
 	fn("rx_csum_none", s.CsumNone.Load())
+	fn("rx_tunnel_decap", s.TunnelDecap.Load())
 	fn("rx_hds_bytes", s.HDSBytes.Load())
 	fn("rx_hds_payload_bytes", s.HDSPayload.Load())
 	fn("rx_linear_packets", s.LinearOnly.Load())

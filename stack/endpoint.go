@@ -41,6 +41,10 @@ type linkEndpoint struct {
 	cpuProd  *cpumap.Producer
 	cpuGRO   []*gro.Engine
 
+	// tunnel is the tunnel's NIC (nil without a tunnel): decapsulated
+	// packets for its inner addresses go to it.
+	tunnel *tunnelEndpoint
+
 	// Poll loop only.
 	gro        *gro.Engine // nil with GRO off
 	groTimeout time.Duration
@@ -132,8 +136,12 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
 	e.dispatch(buf)
 }
 
-// dispatch delivers one frame, owned by the call, to gVisor.
+// dispatch delivers one frame, owned by the call, to gVisor: to the
+// tunnel's NIC if it is for one of its addresses, else to the wire's.
 func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
+	if e.tunnel != nil && e.tunnel.deliver(&buf) {
+		return
+	}
 	e.mu.RLock()
 	d := e.dispatcher
 	e.mu.RUnlock()

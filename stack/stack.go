@@ -78,6 +78,10 @@ type Config struct {
 	NoSACK bool
 	// NoModerateReceiveBuffer turns receive-buffer auto-tuning off.
 	NoModerateReceiveBuffer bool
+	// Tunnel, if set, terminates an IPv6 tunnel (IPv4-in-IPv6 and
+	// IPv6-in-IPv6) in ustack: see TunnelConfig. Driver.Tunnel is set
+	// from it.
+	Tunnel *TunnelConfig
 	// ZeroCopy hands payload to gVisor without copying it: the RX pages
 	// are gVisor buffer chunks and each frag becomes a view of its page;
 	// the pool reuses a page once gVisor let go of it. TCPConn.ReadViews
@@ -119,6 +123,13 @@ func New(cfg Config) (s *Stack, err error) {
 	dc := cfg.Driver
 	dc.MAC = cfg.MAC
 	dc.Multicast = multicastMACs(cfg.Addrs)
+	if t := cfg.Tunnel; t != nil {
+		if err := t.validate(cfg.Addrs); err != nil {
+			return nil, err
+		}
+		dc.Tunnel = t.driverConfig()
+		dc.Multicast = multicastMACs(append(cfg.Addrs[:len(cfg.Addrs):len(cfg.Addrs)], netip.PrefixFrom(t.Local, 128)))
+	}
 	if cfg.PcapWire != nil {
 		dc.WireTap = cfg.PcapWire
 	}
@@ -156,6 +167,9 @@ func New(cfg Config) (s *Stack, err error) {
 		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(ep))
 		ep.groTimeout = cfg.GROFlushTimeout
 	}
+	if cfg.Tunnel != nil {
+		ep.tunnel = newTunnelEndpoint(cfg.Tunnel, dc.MTU)
+	}
 	ep.xdp = cfg.XDP
 	if len(cfg.CPUMap) > 0 {
 		if err := ep.startCPUMap(&cfg); err != nil {
@@ -163,7 +177,7 @@ func New(cfg Config) (s *Stack, err error) {
 			return nil, err
 		}
 	}
-	ip, err := newGVisor(ep, &cfg)
+	ip, err := newGVisor(ep, ep.tunnel, &cfg)
 	if err != nil {
 		drv.Close()
 		if ep.cpumap != nil {
@@ -183,7 +197,10 @@ func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("stack: no address")
 	}
-	ip, err := newGVisor(ep, &cfg)
+	if cfg.Tunnel != nil {
+		return nil, errors.New("stack: a tunnel needs ustack's own driver")
+	}
+	ip, err := newGVisor(ep, nil, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -191,8 +208,9 @@ func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
 }
 
 // newGVisor builds the gVisor stack over ep: protocols, TCP options, the NIC,
-// addresses and subnet routes.
-func newGVisor(ep gstack.LinkEndpoint, cfg *Config) (*gstack.Stack, error) {
+// addresses and subnet routes, and the tunnel's NIC, addresses and routes
+// when tun is not nil.
+func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstack.Stack, error) {
 	ip := gstack.New(gstack.Options{
 		NetworkProtocols:   []gstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []gstack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
@@ -216,16 +234,20 @@ func newGVisor(ep gstack.LinkEndpoint, cfg *Config) (*gstack.Stack, error) {
 	}
 	var routes []tcpip.Route
 	for _, p := range cfg.Addrs {
-		a := tcpip.AddrFromSlice(p.Addr().AsSlice())
-		proto := ipv4.ProtocolNumber
-		if p.Addr().Is6() {
-			proto = ipv6.ProtocolNumber
-		}
-		pa := tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: tcpip.AddressWithPrefix{Address: a, PrefixLen: p.Bits()}}
+		pa := protocolAddress(p)
 		if e := ip.AddProtocolAddress(nicID, pa, gstack.AddressProperties{}); e != nil {
 			return fail(fmt.Errorf("stack: add address %s: %s", p, e))
 		}
 		routes = append(routes, tcpip.Route{Destination: pa.AddressWithPrefix.Subnet(), NIC: nicID})
+	}
+	if tun != nil {
+		r, err := tun.setup(ip, cfg.Tunnel)
+		if err != nil {
+			return fail(err)
+		}
+		// The tunnel's subnets first: gVisor takes the first matching
+		// route, and an inner subnet may lie inside a wire subnet.
+		routes = append(r, routes...)
 	}
 	ip.SetRouteTable(routes)
 	return ip, nil
@@ -292,8 +314,14 @@ func (s *Stack) Driver() *driver.Driver { return s.drv }
 // not wrap.
 func (s *Stack) GVisor() *gstack.Stack { return s.ip }
 
-func fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber) {
+// fullAddr converts ap for gVisor's sockets: bound to the wire's NIC, or,
+// with a tunnel, to no NIC, so that gVisor binds to the tunnel's addresses
+// and routes through it too.
+func (s *Stack) fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber) {
 	fa := tcpip.FullAddress{NIC: nicID, Port: ap.Port()}
+	if s.ep != nil && s.ep.tunnel != nil {
+		fa.NIC = 0
+	}
 	if ap.Addr().IsValid() && !ap.Addr().IsUnspecified() {
 		fa.Addr = tcpip.AddrFromSlice(ap.Addr().Unmap().AsSlice())
 	}
@@ -308,7 +336,7 @@ func fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber
 // address of the stack's family: use netip.IPv6Unspecified() for IPv6 and
 // IPv4-mapped, 0.0.0.0 for IPv4 only).
 func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
-	fa, proto := fullAddr(addr)
+	fa, proto := s.fullAddr(addr)
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
@@ -330,7 +358,7 @@ func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
 
 // DialTCP connects to addr.
 func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
-	fa, proto := fullAddr(addr)
+	fa, proto := s.fullAddr(addr)
 	c, err := gonet.DialContextTCP(ctx, s.ip, fa, proto)
 	if err != nil {
 		return nil, fmt.Errorf("dial tcp %s: %w", addr, err)
@@ -340,7 +368,7 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 
 // ListenUDP binds a UDP socket to addr.
 func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
-	fa, proto := fullAddr(addr)
+	fa, proto := s.fullAddr(addr)
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
@@ -374,6 +402,9 @@ func (s *Stack) Close() error {
 		if s.ep != nil && s.ep.cpumap != nil {
 			s.ep.cpuProd.Flush()
 			s.ep.cpumap.Close()
+		}
+		if s.ep != nil && s.ep.tunnel != nil {
+			s.ep.tunnel.release()
 		}
 		s.ip.Close()
 		s.ip.Wait()
@@ -416,6 +447,9 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		if s.ep.cpumap != nil {
 			s.ep.cpumap.Stats().Each(fn)
 			s.ep.eachCPUMapGRO(fn)
+		}
+		if s.ep.tunnel != nil {
+			s.ep.tunnel.stats.each(fn)
 		}
 	}
 	st := s.ip.Stats()

@@ -40,6 +40,13 @@ type policy struct {
 	poolMem  int64
 	poolRing int
 	zeroCopy string
+
+	// The tunnel ustack terminates (-tunnel ip6tnl): see tunnelConfig.
+	tunnel        string
+	tunnelLocal   string
+	tunnelRemote  string
+	tunnelRemote4 string
+	tunnelAddrs   prefixList
 }
 
 func (p *policy) register(fs *flag.FlagSet) {
@@ -59,6 +66,11 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
 	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
 	fs.StringVar(&p.zeroCopy, "zero-copy", "off", "payload to gVisor without a copy: off|on|views (views: the discard server also reads with TCPConn.ReadViews, in place)")
+	fs.StringVar(&p.tunnel, "tunnel", "off", "terminate an IPv6 tunnel (IPv4-in-IPv6 and IPv6-in-IPv6, as ip6tnl mode any): off|ip6tnl; the driver decapsulates before GRO")
+	fs.StringVar(&p.tunnelLocal, "tunnel-local", "", "with -tunnel ip6tnl: ustack's outer IPv6 address, dedicated to the tunnel (added to the TAP's NIC)")
+	fs.StringVar(&p.tunnelRemote, "tunnel-remote", "", "with -tunnel ip6tnl: the peer's outer IPv6 address that encapsulated replies go to")
+	fs.StringVar(&p.tunnelRemote4, "tunnel-remote4", "", "with -tunnel ip6tnl: the peer's outer address for IPv4 inside, if not -tunnel-remote")
+	fs.Var(&p.tunnelAddrs, "tunnel-addr", "with -tunnel ip6tnl: ustack's inner address with its prefix, routed through the tunnel (repeatable)")
 	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P (empty: none)")
 	fs.StringVar(&p.cpumap, "cpumap", "", "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)")
 	fs.StringVar(&p.cpuGRO, "cpumap-gro", "on", "GRO in the cpumap workers: on|off")
@@ -126,6 +138,9 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	default:
 		return c, fmt.Errorf("zero-copy %q: want off, on or views", p.zeroCopy)
 	}
+	if c.Tunnel, err = p.tunnelConfig(); err != nil {
+		return c, err
+	}
 	if c.CPUMap, err = parseCPUs(p.cpumap); err != nil {
 		return c, fmt.Errorf("cpumap: %w", err)
 	}
@@ -161,6 +176,9 @@ func (p *policy) String() string {
 	if p.zeroCopy != "" && p.zeroCopy != "off" {
 		s += " zero-copy=" + p.zeroCopy
 	}
+	if p.tunnelOn() {
+		s += " tunnel=" + p.tunnel
+	}
 	if p.xdp != "" {
 		s += fmt.Sprintf(" xdp=%s cpumap=%s cpumap-gro=%s", p.xdp, p.cpumap, p.cpuGRO)
 	}
@@ -168,6 +186,37 @@ func (p *policy) String() string {
 		s += fmt.Sprintf(" recycle=%s page=%s order=%d", p.recycle, p.pageSize, p.order)
 	}
 	return s
+}
+
+// tunnelOn reports whether -tunnel asks for a tunnel.
+func (p *policy) tunnelOn() bool { return p.tunnel == "ip6tnl" }
+
+// tunnelConfig turns the -tunnel flags into the stack's tunnel: nil with
+// -tunnel off. Addresses not given stay invalid, for setupBenchTunnel to
+// fill in (ustack bench); stack.New rejects a tunnel without them.
+func (p *policy) tunnelConfig() (*stack.TunnelConfig, error) {
+	switch p.tunnel {
+	case "", "off":
+		return nil, nil
+	case "ip6tnl":
+	default:
+		return nil, fmt.Errorf("tunnel %q: want off or ip6tnl", p.tunnel)
+	}
+	t := &stack.TunnelConfig{Addrs: p.tunnelAddrs}
+	for _, a := range []struct {
+		name, v string
+		dst     *netip.Addr
+	}{{"tunnel-local", p.tunnelLocal, &t.Local}, {"tunnel-remote", p.tunnelRemote, &t.Remote}, {"tunnel-remote4", p.tunnelRemote4, &t.Remote4}} {
+		if a.v == "" {
+			continue
+		}
+		addr, err := netip.ParseAddr(a.v)
+		if err != nil || !addr.Is6() || addr.Is4In6() {
+			return nil, fmt.Errorf("-%s %q: want an IPv6 address", a.name, a.v)
+		}
+		*a.dst = addr
+	}
+	return t, nil
 }
 
 // discard returns the TCP discard server the policy's reader uses: Read,
