@@ -1244,7 +1244,7 @@ func iperf3ReadJSON(r io.Reader, v any) error {
 
 // listenUDPBuffer is ListenUDP with a receive buffer of size bytes.
 func (s *Stack) listenUDPBuffer(addr netip.AddrPort, size int64) (net.PacketConn, error) {
-	fa, proto := fullAddr(addr)
+	fa, proto := s.fullAddr(addr)
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
