@@ -141,3 +141,41 @@ func BenchmarkKick(b *testing.B) {
 		}
 	}
 }
+
+// TestReceiveNoAllocs pins Receive and ReceiveVec, with the application
+// recycling the frame through the RX and fill rings, at zero allocations.
+func TestReceiveNoAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race or -cover")
+	}
+	s := newTestSocket(t, Config{NumFrames: 4, FrameSize: 2048, FillSize: 4, RxSize: 4}, new(discardWire))
+	got, idx := s.Fill().Reserve(1)
+	*s.Fill().Entry(idx) = s.UMEM().FrameAddr(0)
+	s.Fill().Submit(got)
+	f := buildFrame(udp4, 1400, 1, true).b
+	parts := [][]byte{f[:54], f[54:]}
+	for _, tc := range []struct {
+		name string
+		recv func() bool
+	}{
+		{"Receive", func() bool { return s.Receive(f) }},
+		{"ReceiveVec", func() bool { return s.ReceiveVec(parts) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := testing.AllocsPerRun(100, func() {
+				if !tc.recv() {
+					t.Fatal("dropped")
+				}
+				n, idx := s.RX().Peek(1)
+				d := *s.RX().Entry(idx)
+				s.RX().Release(n)
+				got, fidx := s.Fill().Reserve(1)
+				*s.Fill().Entry(fidx) = d.Addr
+				s.Fill().Submit(got)
+			})
+			if a != 0 {
+				t.Errorf("allocations per frame: got %v, want 0", a)
+			}
+		})
+	}
+}

@@ -592,43 +592,66 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 
 // Receive copies frame into a UMEM frame taken from the fill ring, at that
 // frame's DataAddr, and posts an RX descriptor for it: XDP_REDIRECT into
-// the socket. It returns false, dropping the frame, when the fill ring is
-// empty (rx_dropped_no_fill), the RX ring is full (rx_ring_full) or the
-// frame is empty or longer than UMEM.DataRoom (rx_dropped_too_long). Fill
-// addresses outside the UMEM are skipped (rx_invalid_fill).
+// the socket in copy mode (XDP_COPY). It returns false, dropping the frame,
+// when the frame is empty or longer than UMEM.DataRoom (rx_dropped), the
+// fill ring is empty (rx_fill_ring_empty_descs and rx_dropped) or the RX
+// ring is full (rx_ring_full), checked in that order as the kernel's
+// xsk_rcv_check and __xsk_rcv do. A frame dropped for a full RX ring leaves
+// its fill entry on the fill ring (the kernel puts the buffer back on its
+// free list). Fill addresses outside the UMEM are consumed and skipped
+// (rx_invalid_fill).
 //
-// Receive borrows frame for the call only. It may be called from several
-// goroutines, concurrently with Kick; it does not allocate.
+// Receive borrows frame for the call only. It never waits for the
+// application, may be called from several goroutines, concurrently with
+// Kick, and does not allocate.
 func (s *Socket) Receive(frame []byte) bool {
-	if len(frame) == 0 || len(frame) > s.umem.DataRoom() {
-		s.stats.RxTooLong.Add(1)
+	return s.ReceiveVec([][]byte{frame})
+}
+
+// ReceiveVec is Receive of the frame made of parts, in order (a packet's
+// linear part and then its frags), copied into one UMEM frame. It borrows
+// parts and their bytes for the call only.
+func (s *Socket) ReceiveVec(parts [][]byte) bool {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n == 0 || n > s.umem.DataRoom() {
+		s.stats.RxDropped.Add(1)
 		return false
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	if s.rxp.Free(1) == 0 {
-		s.stats.RxRingFull.Add(1)
-		return false
-	}
 	for {
-		n, idx := s.fqc.Peek(1)
-		if n == 0 {
-			s.stats.RxNoFill.Add(1)
+		k, idx := s.fqc.Peek(1)
+		if k == 0 {
+			s.stats.RxFillEmpty.Add(1)
+			s.stats.RxDropped.Add(1)
 			return false
 		}
 		base := *s.fqc.Entry(idx) &^ s.frameMask
-		s.fqc.Release(1)
 		if base >= s.umem.Size() {
+			s.fqc.Release(1)
 			s.stats.RxInvalidFill.Add(1)
 			continue // bounded: each pass consumes a fill entry
 		}
+		if s.rxp.Free(1) == 0 {
+			s.fqc.Cancel(1)
+			s.stats.RxRingFull.Add(1)
+			return false
+		}
+		s.fqc.Release(1)
 		addr := base + s.umem.dataOff
-		copy(s.umem.buf[addr:], frame)
+		dst := s.umem.buf[addr : addr+uint64(n)]
+		off := 0
+		for _, p := range parts {
+			off += copy(dst[off:], p)
+		}
 		_, ridx := s.rxp.Reserve(1)
-		*s.rxp.Entry(ridx) = Desc{Addr: addr, Len: uint32(len(frame))}
+		*s.rxp.Entry(ridx) = Desc{Addr: addr, Len: uint32(n)}
 		s.rxp.Submit(1)
 		s.stats.RxPackets.Add(1)
-		s.stats.RxBytes.Add(uint64(len(frame)))
+		s.stats.RxBytes.Add(uint64(n))
 		return true
 	}
 }
