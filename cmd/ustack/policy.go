@@ -55,7 +55,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.poison, "pool-poison", false, "poison recycled pages and check them when reused (debug)")
 	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
 	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
-	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P (empty: none)")
+	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none)")
 	fs.StringVar(&p.cpumap, "cpumap", "", "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)")
 	fs.StringVar(&p.cpuGRO, "cpumap-gro", "on", "GRO in the cpumap workers: on|off")
 	fs.IntVar(&p.cpuQueue, "cpumap-qsize", 0, "ring size of each cpumap entry (0: 2048)")
