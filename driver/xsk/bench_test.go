@@ -2,6 +2,7 @@ package xsk
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 )
 
@@ -131,12 +132,21 @@ func BenchmarkKick(b *testing.B) {
 				bench := newTxBench(b, tc.cfg, new(discardWire), payload)
 				b.ReportAllocs()
 				b.SetBytes(int64(benchBatch * len(buildFrame(udp4, payload, 0, false).b)))
+				// The thread's CPU time too, locked to it: on a shared
+				// machine it moves far less with the load than ns/packet.
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
 				rounds := 0
+				cpu0 := threadCPU()
 				for b.Loop() {
 					bench.round(tc.mode, benchBatch)
 					rounds++
 				}
+				cpu1 := threadCPU()
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(rounds*benchBatch), "ns/packet")
+				if cpu0 >= 0 && cpu1 >= 0 {
+					b.ReportMetric(float64(cpu1-cpu0)/float64(rounds*benchBatch), "cpu-ns/packet")
+				}
 			})
 		}
 	}
