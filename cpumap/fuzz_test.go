@@ -26,13 +26,14 @@ func FuzzPrograms(f *testing.F) {
 			mustProgram(t, fmt.Sprint("cpu:", n-1), n),
 			mustProgram(t, "hash", n),
 			mustProgram(t, fmt.Sprint("drop-port:", port), n),
+			mustProgram(t, fmt.Sprint("xsk:", port), n),
 		}
 		p := packetOf(data)
 		defer p.Release()
 		orig := bytes.Clone(p.Linear)
 		for _, prog := range progs {
 			a, e := prog.Run(p)
-			if a > Redirect {
+			if a > RedirectXSK {
 				t.Fatalf("%v: got action %d", prog, a)
 			}
 			if a == Redirect && (e < 0 || e >= n) {
@@ -44,6 +45,11 @@ func FuzzPrograms(f *testing.F) {
 			if !bytes.Equal(p.Linear, orig) {
 				t.Fatalf("%v changed the frame", prog)
 			}
+		}
+
+		// xsk:P redirects exactly what drop-port:P drops.
+		if d, _ := progs[4].Run(p); (d == Drop) != (first(progs[5].Run(p)) == RedirectXSK) {
+			t.Fatalf("drop-port:%d says %v, xsk:%d disagrees", port, d, port)
 		}
 
 		// parseFlow's offsets stay sane.
@@ -61,3 +67,5 @@ func FuzzPrograms(f *testing.F) {
 		}
 	})
 }
+
+func first(a Action, _ int) Action { return a }

@@ -23,11 +23,18 @@ const (
 	// Redirect moves the frame to a cpumap entry (XDP_REDIRECT into a
 	// BPF_MAP_TYPE_CPUMAP).
 	Redirect
+	// RedirectXSK copies the frame into the AF_XDP socket bound to the
+	// receive queue and releases it (XDP_REDIRECT into a
+	// BPF_MAP_TYPE_XSKMAP: bpf_redirect_map(&xsks, rx_queue_index,
+	// XDP_PASS)). With no socket bound the frame passes, as that call's
+	// XDP_PASS fallback makes it.
+	RedirectXSK
 )
 
-var actionNames = [...]string{Pass: "pass", Drop: "drop", TX: "tx", Redirect: "redirect"}
+var actionNames = [...]string{Pass: "pass", Drop: "drop", TX: "tx", Redirect: "redirect", RedirectXSK: "redirect-xsk"}
 
-// String returns the action's name: "pass", "drop", "tx" or "redirect".
+// String returns the action's name: "pass", "drop", "tx", "redirect" or
+// "redirect-xsk".
 func (a Action) String() string {
 	if int(a) < len(actionNames) {
 		return actionNames[a]
@@ -67,6 +74,9 @@ const (
 //	              the addresses only, frames that are not IP go to entry 0
 //	drop-port:P   TCP and UDP frames to destination port P are dropped,
 //	              the rest pass (0 <= P <= 65535)
+//	xsk:P         TCP and UDP frames to destination port P go to the
+//	              receive queue's AF_XDP socket (RedirectXSK), the rest
+//	              pass (0 <= P <= 65535)
 //
 // The returned programs are safe for concurrent use by several poll loops.
 func ParseProgram(name string, ncpu int) (Program, error) {
@@ -95,6 +105,13 @@ func ParseProgram(name string, ncpu int) (Program, error) {
 		}
 		return dropPortProgram(n), nil
 	}
+	if s, ok := strings.CutPrefix(name, "xsk:"); ok {
+		n, err := strconv.ParseUint(s, 10, 16)
+		if err != nil {
+			return nil, programError(name, ncpu, "port out of range")
+		}
+		return xskPortProgram(n), nil
+	}
 	return nil, programError(name, ncpu, "unknown program")
 }
 
@@ -103,7 +120,7 @@ func programError(name string, ncpu int, why string) error {
 	if ncpu > 0 {
 		cpu = fmt.Sprintf("cpu:N (0 <= N < %d)", ncpu)
 	}
-	return fmt.Errorf("xdp program %q: %s; want pass, drop, %s, hash, or drop-port:P (0 <= P <= %d)", name, why, cpu, maxPort)
+	return fmt.Errorf("xdp program %q: %s; want pass, drop, %s, hash, drop-port:P or xsk:P (0 <= P <= %d)", name, why, cpu, maxPort)
 }
 
 type passProgram struct{}
@@ -136,6 +153,22 @@ func (d dropPortProgram) Run(p *bufpool.Packet) (Action, int) {
 }
 
 func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(int(d)) }
+
+// xskPortProgram sends TCP and UDP frames to one destination port to the
+// AF_XDP socket, as xdpsock's filtering programs do; the rest, fragments
+// after the first among them, pass.
+type xskPortProgram uint16
+
+func (x xskPortProgram) Run(p *bufpool.Packet) (Action, int) {
+	var f flow
+	b := p.Linear
+	if parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == uint16(x) {
+		return RedirectXSK, 0
+	}
+	return Pass, 0
+}
+
+func (x xskPortProgram) String() string { return "xsk:" + strconv.Itoa(int(x)) }
 
 // hashProgram spreads flows over entries as RSS spreads them over queues.
 type hashProgram struct {

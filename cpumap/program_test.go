@@ -16,7 +16,8 @@ func TestActionString(t *testing.T) {
 		a    Action
 		want string
 	}{
-		{Pass, "pass"}, {Drop, "drop"}, {TX, "tx"}, {Redirect, "redirect"}, {Action(9), "action(9)"},
+		{Pass, "pass"}, {Drop, "drop"}, {TX, "tx"}, {Redirect, "redirect"}, {RedirectXSK, "redirect-xsk"},
+		{Action(9), "action(9)"},
 	} {
 		if got := tc.a.String(); got != tc.want {
 			t.Errorf("Action(%d).String() = %q, want %q", tc.a, got, tc.want)
@@ -54,10 +55,16 @@ func TestParseProgram(t *testing.T) {
 		{name: "drop-port:65536", wantErr: "port out of range"},
 		{name: "drop-port:-1", wantErr: "port out of range"},
 		{name: "drop-port:http", wantErr: "port out of range"},
+		{name: "xsk:80", wantString: "xsk:80", wantAction: RedirectXSK},
+		{name: "xsk:81", ncpu: 2, wantString: "xsk:81", wantAction: Pass},
+		{name: "xsk:65535", wantString: "xsk:65535", wantAction: Pass},
+		{name: "xsk:65536", wantErr: "port out of range"},
+		{name: "xsk:", wantErr: "port out of range"},
+		{name: "xsk", wantErr: "unknown program"},
 		{name: "", wantErr: "unknown program"},
 		{name: "Pass", wantErr: "unknown program"},
 		{name: "cpu", ncpu: 2, wantErr: "unknown program"},
-		{name: "redirect", ncpu: 2, wantErr: "want pass, drop, cpu:N (0 <= N < 2), hash, or drop-port:P (0 <= P <= 65535)"},
+		{name: "redirect", ncpu: 2, wantErr: "want pass, drop, cpu:N (0 <= N < 2), hash, drop-port:P or xsk:P (0 <= P <= 65535)"},
 	} {
 		t.Run(fmt.Sprintf("%s/ncpu=%d", tc.name, tc.ncpu), func(t *testing.T) {
 			prog, err := ParseProgram(tc.name, tc.ncpu)
@@ -268,8 +275,21 @@ func TestHashNonIP(t *testing.T) {
 	}
 }
 
-func TestDropPort(t *testing.T) {
-	prog := mustProgram(t, "drop-port:80", 0)
+// TestPortPrograms checks which frames drop-port:80 drops and xsk:80
+// redirects to the AF_XDP socket: TCP and UDP to port 80, over IPv4 and
+// IPv6, whatever comes before the ports; everything else passes.
+func TestPortPrograms(t *testing.T) {
+	for _, p := range []struct {
+		name string
+		hit  Action
+	}{{"drop-port:80", Drop}, {"xsk:80", RedirectXSK}} {
+		t.Run(p.name, func(t *testing.T) { testPortProgram(t, mustProgram(t, p.name, 0), p.hit) })
+	}
+}
+
+// testPortProgram checks a port-matching program that returns hit for the
+// frames to port 80 (Drop in the table) and Pass for the others.
+func testPortProgram(t *testing.T, prog Program, hit Action) {
 	v4 := frameSpec{}.frame()
 	for _, tc := range []struct {
 		name  string
@@ -295,8 +315,12 @@ func TestDropPort(t *testing.T) {
 		{"ports just in", v4[:len(v4)-header20+4], Drop},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got, _ := run(prog, tc.frame); got != tc.want {
-				t.Errorf("got %v, want %v", got, tc.want)
+			want := tc.want
+			if want == Drop {
+				want = hit
+			}
+			if got, e := run(prog, tc.frame); got != want || e != 0 {
+				t.Errorf("got %v %d, want %v 0", got, e, want)
 			}
 		})
 	}
@@ -310,7 +334,7 @@ func TestProgramsNoAllocs(t *testing.T) {
 		frameSpec{}.frame(), frameSpec{v6: true, udp: true, ipOpts: true}.frame(),
 		frameSpec{frag: fragLater}.frame(), frameSpec{arp: true}.frame(),
 	}
-	for _, name := range []string{"pass", "drop", "cpu:1", "hash", "drop-port:80"} {
+	for _, name := range []string{"pass", "drop", "cpu:1", "hash", "drop-port:80", "xsk:80"} {
 		prog := mustProgram(t, name, 2)
 		ps := make([]*bufpool.Packet, len(frames))
 		for i, f := range frames {

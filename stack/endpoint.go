@@ -37,6 +37,7 @@ type linkEndpoint struct {
 	xdp      cpumap.Program
 	xdpStats xdpStats
 	xdpParts [][]byte
+	xsk      xskPort // the AF_XDP socket bound by Stack.BindXSK
 	cpumap   *cpumap.Map
 	cpuProd  *cpumap.Producer
 	cpuGRO   []*gro.Engine

@@ -443,6 +443,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		s.views.each(fn)
 		if s.ep.xdp != nil {
 			s.ep.xdpStats.each(fn)
+			s.ep.eachXSK(fn)
 		}
 		if s.ep.cpumap != nil {
 			s.ep.cpumap.Stats().Each(fn)

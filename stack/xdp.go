@@ -24,8 +24,9 @@ func (s *xdpStats) each(fn func(string, uint64)) {
 }
 
 // runXDP runs the XDP program on a frame in the poll loop and reports
-// whether the frame was consumed (dropped, sent back out, or redirected to
-// a cpumap entry); a frame that passes goes on to GRO and gVisor.
+// whether the frame was consumed (dropped, sent back out, redirected to a
+// cpumap entry or copied into the bound AF_XDP socket); a frame that
+// passes goes on to GRO and gVisor.
 func (e *linkEndpoint) runXDP(p *bufpool.Packet) bool {
 	act, entry := e.xdp.Run(p)
 	switch act {
@@ -47,6 +48,11 @@ func (e *linkEndpoint) runXDP(p *bufpool.Packet) bool {
 		}
 		e.cpuProd.Enqueue(entry, p)
 		return true
+	case cpumap.RedirectXSK:
+		if e.toXSK(p) {
+			return true
+		}
+		// No socket bound: XDP_PASS, bpf_redirect_map's fallback.
 	}
 	e.xdpStats.pass.Add(1)
 	return false

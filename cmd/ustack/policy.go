@@ -71,7 +71,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.tunnelRemote, "tunnel-remote", "", "with -tunnel ip6tnl: the peer's outer IPv6 address that encapsulated replies go to")
 	fs.StringVar(&p.tunnelRemote4, "tunnel-remote4", "", "with -tunnel ip6tnl: the peer's outer address for IPv4 inside, if not -tunnel-remote")
 	fs.Var(&p.tunnelAddrs, "tunnel-addr", "with -tunnel ip6tnl: ustack's inner address with its prefix, routed through the tunnel (repeatable)")
-	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P (empty: none)")
+	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none)")
 	fs.StringVar(&p.cpumap, "cpumap", "", "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)")
 	fs.StringVar(&p.cpuGRO, "cpumap-gro", "on", "GRO in the cpumap workers: on|off")
 	fs.IntVar(&p.cpuQueue, "cpumap-qsize", 0, "ring size of each cpumap entry (0: 2048)")

@@ -12,15 +12,17 @@
 // returned by Socket.Fill, Socket.TX, Socket.RX and Socket.Completion. The
 // socket consumes the TX ring in Kick (sendto's wakeup: validate, build a
 // virtio-net header, write header and frame to the Wire, complete) and
-// produces on the RX ring in Receive (XDP_REDIRECT into the socket).
+// produces on the RX ring in Receive and ReceiveVec (XDP_REDIRECT into the
+// socket in copy mode; package stack calls ReceiveVec from its poll loop
+// for frames its XDP program redirects, see stack.Stack.BindXSK).
 //
 // # Threading
 //
 // Each application side of a ring is driven by one goroutine at a time;
 // different rings may be driven from different goroutines. Kick may be
 // called from any number of goroutines concurrently (a mutex serialises
-// them, as the kernel's xs->mutex does); so may Receive, under a second
-// mutex, concurrently with Kick. Both run concurrently with the
+// them, as the kernel's xs->mutex does); so may Receive and ReceiveVec,
+// under a second mutex, concurrently with Kick. Both run concurrently with the
 // application.
 //
 // # Ordering

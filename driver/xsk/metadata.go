@@ -100,6 +100,3 @@ func (m TxMetadata) SetChecksumRequest(start, offset uint16) {
 // once the descriptor's address came back on the completion ring, if
 // TxmdTimestamp was requested.
 func (m TxMetadata) TxTimestamp() uint64 { return binary.NativeEndian.Uint64(m[8:16]) }
-
-// setTxTimestamp writes completion.tx_timestamp.
-func (m TxMetadata) setTxTimestamp(ts uint64) { binary.NativeEndian.PutUint64(m[8:16], ts) }

@@ -123,15 +123,21 @@ type Socket struct {
 	// scratch holds the virtio-net header and the packet being written.
 	// +checklocks:txMu
 	scratch []byte
-	// tsPending are the metadata areas of the batch's packets that asked
-	// for a TX timestamp: one clock read after the batch's writes serves
-	// them all, before the batch's completions are published.
+	// tsPending are the UMEM offsets of the completion.tx_timestamp
+	// fields of the batch's packets that asked for a TX timestamp (tsN of
+	// them): one clock read after the batch's writes serves them all,
+	// before the batch's completions are published. Offsets, not slices,
+	// so that recording one stores no pointer.
 	// +checklocks:txMu
-	tsPending []TxMetadata
-	// dropRest is set while Kick discards the remaining descriptors of a
-	// multi-buffer packet that had more than MaxFrags.
+	tsPending []uint64 // len kickBatch
 	// +checklocks:txMu
-	dropRest bool
+	tsN int
+	// dropRest is dropping while Kick discards the remaining descriptors
+	// of a multi-buffer packet that had more than MaxFrags, 0 otherwise:
+	// a bit no valid descriptor carries, so that txBatch tells the common
+	// cases apart with one test of Options|dropRest.
+	// +checklocks:txMu
+	dropRest uint32
 
 	rxMu sync.Mutex
 	// fqc consumes the fill ring.
@@ -220,7 +226,7 @@ func New(cfg Config, w Wire) (*Socket, error) {
 		frags = MaxFrags
 	}
 	s.scratch = make([]byte, vnetHdrLen+frags*s.umem.DataRoom())
-	s.tsPending = make([]TxMetadata, 0, kickBatch)
+	s.tsPending = make([]uint64, kickBatch)
 	return s, nil
 }
 
@@ -313,19 +319,23 @@ func (s *Socket) Kick() (int, error) {
 	return int(total), err
 }
 
+// dropping is dropRest's value while Kick discards the rest of an
+// oversized multi-buffer packet: an option bit outside the UAPI's.
+const dropping = 1 << 31
+
 // stampPending writes one completion time, read after the batch's last
 // write, into every metadata area of the batch that asked for a timestamp.
 // +checklocks:s.txMu
 func (s *Socket) stampPending() {
-	if len(s.tsPending) == 0 {
+	if s.tsN == 0 {
 		return
 	}
 	now := s.clock()
-	for i, md := range s.tsPending {
-		md.setTxTimestamp(now)
-		s.tsPending[i] = nil
+	buf := s.umem.buf // locals: the stores into buf need not reload them
+	for _, off := range s.tsPending[:s.tsN] {
+		binary.NativeEndian.PutUint64(buf[off:off+8], now)
 	}
-	s.tsPending = s.tsPending[:0]
+	s.tsN = 0
 }
 
 // txBatch consumes the n TX descriptors peeked from idx, writing their
@@ -338,40 +348,46 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 	var used uint32
 	for used < n {
 		d := *s.txc.Entry(idx + used)
-		if d.Options&OptPktContd != 0 || s.dropRest {
+		switch d.Options | s.dropRest {
+		case 0:
+			// The common case: one descriptor, no metadata. Nothing here
+			// reads the metadata area.
+			*s.cqp.Entry(cidx + used) = d.Addr
+			used++
+			if !s.validDesc(d) {
+				c.invalid++
+				continue
+			}
+			b := s.scratch[:vnetHdrLen+int(d.Len)]
+			clear(b[:vnetHdrLen]) // no offload requested
+			copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
+			if err := s.w.Write(b); err != nil {
+				c.errors++
+				return used, err
+			}
+			c.packets++
+			c.bytes += uint64(d.Len)
+		case OptTxMetadata:
+			// One descriptor with metadata.
+			*s.cqp.Entry(cidx + used) = d.Addr
+			used++
+			if err := s.txMeta(d, c); err != nil {
+				return used, err
+			}
+		default:
+			if d.Options&OptPktContd == 0 && s.dropRest == 0 {
+				// One descriptor with an unknown option.
+				*s.cqp.Entry(cidx + used) = d.Addr
+				used++
+				c.invalid++
+				continue
+			}
 			k, err := s.txPacket(idx+used, n-used, cidx+used, c)
 			used += k
 			if k == 0 || err != nil {
 				return used, err
 			}
-			continue
 		}
-		if d.Options != 0 {
-			// One descriptor with options: metadata, or invalid.
-			*s.cqp.Entry(cidx + used) = d.Addr
-			used++
-			if err := s.txSingle(d, c); err != nil {
-				return used, err
-			}
-			continue
-		}
-		// The common case: one descriptor, no metadata. Nothing here reads
-		// the metadata area.
-		*s.cqp.Entry(cidx + used) = d.Addr
-		used++
-		if !s.validDesc(d) {
-			c.invalid++
-			continue
-		}
-		b := s.scratch[:vnetHdrLen+int(d.Len)]
-		clear(b[:vnetHdrLen]) // no offload requested
-		copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
-		if err := s.w.Write(b); err != nil {
-			c.errors++
-			return used, err
-		}
-		c.packets++
-		c.bytes += uint64(d.Len)
 	}
 	return used, nil
 }
@@ -386,46 +402,141 @@ func (s *Socket) validDesc(d Desc) bool {
 	return d.Len != 0 && d.Addr < s.umem.Size() && off >= s.umem.dataOff && off+uint64(d.Len) <= s.umem.frameSize
 }
 
-// txSingle sends a packet of one descriptor, d, that has options (d's
-// completion is the caller's).
+// txMeta sends a packet of one descriptor, d, whose only option is
+// OptTxMetadata (d's completion is the caller's). It does what validDesc,
+// request and xmit do for a multi-buffer packet, in one function and with
+// the metadata read once: this is the per-packet cost of a metadata
+// request (the seed's -m). Keep the three in step with it.
 //
 // +checklocks:txMu
-func (s *Socket) txSingle(d Desc, c *txCounts) error {
-	if d.Options&^OptTxMetadata != 0 || !s.validDesc(d) {
+func (s *Socket) txMeta(d Desc, c *txCounts) error {
+	if !s.validDesc(d) {
 		c.invalid++
 		return nil
 	}
-	md, flags, ok := s.checkMetadata(d)
-	if !ok {
+	if s.umem.mdLen == 0 {
+		c.badMetadata++
+		return nil
+	}
+	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
+	mdOff := d.Addr - uint64(s.umem.mdLen)
+	md := s.umem.buf[mdOff : mdOff+TxMetadataSize : mdOff+TxMetadataSize]
+	flags := binary.NativeEndian.Uint64(md[0:8])
+	if flags&^txmdValid != 0 {
 		c.badMetadata++
 		return nil
 	}
 	b := s.scratch[:vnetHdrLen+int(d.Len)]
-	copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
-	return s.xmit(b, md, flags, c)
-}
-
-// xmit completes b's virtio-net header (and checksum, in software mode)
-// as md's flags ask, writes b to the wire and then, if asked, stores the
-// completion time in md. b is the scratch buffer: vnetHdrLen bytes of
-// header to fill, then the packet.
-//
-// +checklocks:txMu
-func (s *Socket) xmit(b []byte, md TxMetadata, flags uint64, c *txCounts) error {
-	clear(b[:vnetHdrLen])
-	if flags&TxmdChecksum != 0 {
-		start, csumOff := md.CsumStart(), md.CsumOffset()
+	swCsum := false
+	if flags&TxmdChecksum == 0 {
+		clear(b[:vnetHdrLen])
+	} else {
+		if int(binary.NativeEndian.Uint16(md[8:10]))+int(binary.NativeEndian.Uint16(md[10:12]))+2 > int(d.Len) {
+			c.badMetadata++
+			return nil
+		}
 		if s.csumOffload {
-			// struct virtio_net_hdr: flags at 0, csum_start at 6 and
-			// csum_offset at 8, in host byte order (driver.VirtioNetHdr).
-			b[0] = vnetFNeedsCsum
-			binary.NativeEndian.PutUint16(b[6:8], start)
-			binary.NativeEndian.PutUint16(b[8:10], csumOff)
+			// virtio_net_hdr's csum_start and csum_offset (bytes 6 to
+			// 10) are the metadata's bytes 8 to 12, both in host byte
+			// order: two stores (see xmit).
+			binary.LittleEndian.PutUint64(b[0:8], vnetFNeedsCsum|uint64(binary.LittleEndian.Uint16(md[8:10]))<<48)
+			binary.LittleEndian.PutUint16(b[8:10], binary.LittleEndian.Uint16(md[10:12]))
 			c.csumOffload++
 		} else {
-			completeChecksum(b[vnetHdrLen:], int(start), int(csumOff))
-			c.csumSW++
+			clear(b[:vnetHdrLen])
+			swCsum = true
 		}
+	}
+	copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
+	if swCsum {
+		completeChecksum(b[vnetHdrLen:], int(binary.NativeEndian.Uint16(md[8:10])), int(binary.NativeEndian.Uint16(md[10:12])))
+		c.csumSW++
+	}
+	err := s.w.Write(b)
+	if err != nil {
+		c.errors++
+	} else {
+		c.packets++
+		c.bytes += uint64(d.Len)
+	}
+	if flags&TxmdTimestamp != 0 {
+		// completion.tx_timestamp, at offset 8: stamped after the
+		// batch's last write (stampPending).
+		s.tsPending[s.tsN] = mdOff + 8
+		s.tsN++
+		c.timestamps++
+	}
+	return err
+}
+
+// txRequest is what a packet's metadata asks for, once checked by
+// Socket.request; the zero value asks for nothing.
+type txRequest struct {
+	flags uint64 // Txmd* flags
+	// csum is request.csum_start and request.csum_offset as they lie in
+	// memory (host byte order), read as a little-endian word: written
+	// back little-endian, the same four bytes land in virtio_net_hdr's
+	// csum_start and csum_offset, which are in host byte order too.
+	csum uint32
+	md   uint64 // UMEM offset of the metadata
+}
+
+// csumFields returns the checksum request's csum_start and csum_offset as
+// numbers.
+func (r txRequest) csumFields() (start, offset int) {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], r.csum)
+	return int(binary.NativeEndian.Uint16(b[0:2])), int(binary.NativeEndian.Uint16(b[2:4]))
+}
+
+// request reads and checks the metadata of a valid first descriptor d that
+// carries OptTxMetadata, and reports whether it is acceptable: the socket
+// reserves metadata, only known flags are set, and a requested checksum
+// field lies within d's data (the kernel's check in xsk_skb_metadata:
+// csum_start + csum_offset + 2 <= len).
+func (s *Socket) request(d Desc) (txRequest, bool) {
+	if s.umem.mdLen == 0 {
+		return txRequest{}, false
+	}
+	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
+	off := d.Addr - uint64(s.umem.mdLen)
+	md := TxMetadata(s.umem.buf[off : off+TxMetadataSize : off+TxMetadataSize])
+	r := txRequest{flags: md.Flags(), md: off}
+	if r.flags&^txmdValid != 0 {
+		return txRequest{}, false
+	}
+	if r.flags&TxmdChecksum != 0 {
+		if int(md.CsumStart())+int(md.CsumOffset())+2 > int(d.Len) {
+			return txRequest{}, false
+		}
+		r.csum = binary.LittleEndian.Uint32(md[8:12])
+	}
+	return r, true
+}
+
+// xmit writes b's virtio-net header (and completes the checksum, in
+// software mode) as r asks, writes b to the wire and then, if asked,
+// queues r's metadata for the completion time (stampPending). b is the
+// scratch buffer: vnetHdrLen bytes of header to fill, then the packet.
+//
+// +checklocks:txMu
+func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) error {
+	switch {
+	case r.flags&TxmdChecksum == 0:
+		clear(b[:vnetHdrLen])
+	case s.csumOffload:
+		// struct virtio_net_hdr: flags at 0, gso_type at 1, hdr_len at 2,
+		// gso_size at 4, csum_start at 6 and csum_offset at 8, in host
+		// byte order (driver.VirtioNetHdr). Two stores.
+		_ = b[vnetHdrLen-1]
+		binary.LittleEndian.PutUint64(b[0:8], vnetFNeedsCsum|uint64(r.csum)<<48)
+		binary.LittleEndian.PutUint16(b[8:10], uint16(r.csum>>16))
+		c.csumOffload++
+	default:
+		clear(b[:vnetHdrLen])
+		start, offset := r.csumFields()
+		completeChecksum(b[vnetHdrLen:], start, offset)
+		c.csumSW++
 	}
 	err := s.w.Write(b)
 	if err != nil {
@@ -434,10 +545,12 @@ func (s *Socket) xmit(b []byte, md TxMetadata, flags uint64, c *txCounts) error 
 		c.packets++
 		c.bytes += uint64(len(b) - vnetHdrLen)
 	}
-	if flags&TxmdTimestamp != 0 {
+	if r.flags&TxmdTimestamp != 0 {
 		// Stamped after the batch's last write, before Kick publishes
-		// the completions (stampPending).
-		s.tsPending = append(s.tsPending, md)
+		// the completions (stampPending). completion.tx_timestamp is at
+		// offset 8 of the metadata.
+		s.tsPending[s.tsN] = r.md + 8
+		s.tsN++
 		c.timestamps++
 	}
 	return err
@@ -451,14 +564,14 @@ func (s *Socket) xmit(b []byte, md TxMetadata, flags uint64, c *txCounts) error 
 //
 // +checklocks:txMu
 func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) {
-	if s.dropRest {
+	if s.dropRest != 0 {
 		var k uint32
 		for k < avail {
 			d := *s.txc.Entry(idx + k)
 			*s.cqp.Entry(cidx + k) = d.Addr
 			k++
 			if d.Options&OptPktContd == 0 {
-				s.dropRest = false
+				s.dropRest = 0
 				break
 			}
 		}
@@ -486,7 +599,7 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 	if !end {
 		// More than MaxFrags descriptors: drop this part and the rest.
 		c.invalid++
-		s.dropRest = true
+		s.dropRest = dropping
 		return k, nil
 	}
 
@@ -509,12 +622,10 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 	}
 
 	first := *s.txc.Entry(idx)
-	var md TxMetadata
-	var flags uint64
+	var r txRequest
 	if first.Options&OptTxMetadata != 0 {
 		var ok bool
-		md, flags, ok = s.checkMetadata(first)
-		if !ok {
+		if r, ok = s.request(first); !ok {
 			c.badMetadata++
 			return k, nil
 		}
@@ -526,69 +637,71 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 		d := *s.txc.Entry(idx + i)
 		off += copy(b[off:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
 	}
-	return k, s.xmit(b, md, flags, c)
-}
-
-// checkMetadata returns the metadata of a valid first descriptor d that
-// carries OptTxMetadata, and its flags, and reports whether they are
-// acceptable: the socket reserves metadata, only known flags are set, and
-// a requested checksum field lies within d's data (the kernel's check in
-// xsk_skb_metadata: csum_start + csum_offset + 2 <= len).
-func (s *Socket) checkMetadata(d Desc) (TxMetadata, uint64, bool) {
-	if s.umem.mdLen == 0 {
-		return nil, 0, false
-	}
-	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
-	md := TxMetadata(s.umem.buf[d.Addr-uint64(s.umem.mdLen) : d.Addr])
-	flags := md.Flags()
-	if flags&^txmdValid != 0 {
-		return nil, 0, false
-	}
-	if flags&TxmdChecksum != 0 && int(md.CsumStart())+int(md.CsumOffset())+2 > int(d.Len) {
-		return nil, 0, false
-	}
-	return md, flags, true
+	return k, s.xmit(b, r, c)
 }
 
 // Receive copies frame into a UMEM frame taken from the fill ring, at that
 // frame's DataAddr, and posts an RX descriptor for it: XDP_REDIRECT into
-// the socket. It returns false, dropping the frame, when the fill ring is
-// empty (rx_dropped_no_fill), the RX ring is full (rx_ring_full) or the
-// frame is empty or longer than UMEM.DataRoom (rx_dropped_too_long). Fill
-// addresses outside the UMEM are skipped (rx_invalid_fill).
+// the socket in copy mode (XDP_COPY). It returns false, dropping the frame,
+// when the frame is empty or longer than UMEM.DataRoom (rx_dropped), the
+// fill ring is empty (rx_fill_ring_empty_descs and rx_dropped) or the RX
+// ring is full (rx_ring_full), checked in that order as the kernel's
+// xsk_rcv_check and __xsk_rcv do. A frame dropped for a full RX ring leaves
+// its fill entry on the fill ring (the kernel puts the buffer back on its
+// free list). Fill addresses outside the UMEM are consumed and skipped
+// (rx_invalid_fill).
 //
-// Receive borrows frame for the call only. It may be called from several
-// goroutines, concurrently with Kick; it does not allocate.
+// Receive borrows frame for the call only. It never waits for the
+// application, may be called from several goroutines, concurrently with
+// Kick, and does not allocate.
 func (s *Socket) Receive(frame []byte) bool {
-	if len(frame) == 0 || len(frame) > s.umem.DataRoom() {
-		s.stats.RxTooLong.Add(1)
+	return s.ReceiveVec([][]byte{frame})
+}
+
+// ReceiveVec is Receive of the frame made of parts, in order (a packet's
+// linear part and then its frags), copied into one UMEM frame. It borrows
+// parts and their bytes for the call only.
+func (s *Socket) ReceiveVec(parts [][]byte) bool {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n == 0 || n > s.umem.DataRoom() {
+		s.stats.RxDropped.Add(1)
 		return false
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	if s.rxp.Free(1) == 0 {
-		s.stats.RxRingFull.Add(1)
-		return false
-	}
 	for {
-		n, idx := s.fqc.Peek(1)
-		if n == 0 {
-			s.stats.RxNoFill.Add(1)
+		k, idx := s.fqc.Peek(1)
+		if k == 0 {
+			s.stats.RxFillEmpty.Add(1)
+			s.stats.RxDropped.Add(1)
 			return false
 		}
 		base := *s.fqc.Entry(idx) &^ s.frameMask
-		s.fqc.Release(1)
 		if base >= s.umem.Size() {
+			s.fqc.Release(1)
 			s.stats.RxInvalidFill.Add(1)
 			continue // bounded: each pass consumes a fill entry
 		}
+		if s.rxp.Free(1) == 0 {
+			s.fqc.Cancel(1)
+			s.stats.RxRingFull.Add(1)
+			return false
+		}
+		s.fqc.Release(1)
 		addr := base + s.umem.dataOff
-		copy(s.umem.buf[addr:], frame)
+		dst := s.umem.buf[addr : addr+uint64(n)]
+		off := 0
+		for _, p := range parts {
+			off += copy(dst[off:], p)
+		}
 		_, ridx := s.rxp.Reserve(1)
-		*s.rxp.Entry(ridx) = Desc{Addr: addr, Len: uint32(len(frame))}
+		*s.rxp.Entry(ridx) = Desc{Addr: addr, Len: uint32(n)}
 		s.rxp.Submit(1)
 		s.stats.RxPackets.Add(1)
-		s.stats.RxBytes.Add(uint64(len(frame)))
+		s.stats.RxBytes.Add(uint64(n))
 		return true
 	}
 }

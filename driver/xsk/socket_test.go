@@ -636,48 +636,64 @@ func TestWireError(t *testing.T) {
 func TestReceive(t *testing.T) {
 	s := newTestSocket(t, Config{NumFrames: 4, FrameSize: 2048, Headroom: 32, TxMetadata: true, FillSize: 4, RxSize: 2,
 		ringStart: math.MaxUint32}, new(discardWire))
+	u := s.UMEM()
 	frame := buildFrame(udp4, 100, 1, true).b
 	if s.Receive(frame) {
 		t.Fatal("Receive with an empty fill ring succeeded")
 	}
 	// Any address in a frame stands for the frame; one is outside the UMEM.
-	got, idx := s.Fill().Reserve(3)
-	*s.Fill().Entry(idx) = s.UMEM().FrameAddr(2) + 5
-	*s.Fill().Entry(idx + 1) = s.UMEM().Size() + 100
-	*s.Fill().Entry(idx + 2) = s.UMEM().FrameAddr(3)
+	got, idx := s.Fill().Reserve(4)
+	*s.Fill().Entry(idx) = u.FrameAddr(2) + 5
+	*s.Fill().Entry(idx + 1) = u.Size() + 100
+	*s.Fill().Entry(idx + 2) = u.FrameAddr(3)
+	*s.Fill().Entry(idx + 3) = u.FrameAddr(1)
 	s.Fill().Submit(got)
 
-	if s.Receive(nil) || s.Receive(make([]byte, s.UMEM().DataRoom()+1)) {
+	if s.Receive(nil) || s.Receive(make([]byte, u.DataRoom()+1)) {
 		t.Fatal("Receive of an empty or oversized frame succeeded")
 	}
 	if !s.Receive(frame) || !s.Receive(frame[:60]) {
 		t.Fatal("Receive failed with fill entries posted")
 	}
+	// The RX ring (2 entries) is full: dropped, and frame 1's fill entry
+	// stays on the fill ring.
 	if s.Receive(frame) {
 		t.Fatal("Receive with the RX ring full succeeded")
 	}
-	n, ridx := s.RX().Peek(4)
-	if n != 2 {
-		t.Fatalf("RX ring: %d descriptors, want 2", n)
-	}
-	for i, want := range []struct {
-		addr uint64
-		b    []byte
-	}{{s.UMEM().DataAddr(2), frame}, {s.UMEM().DataAddr(3), frame[:60]}} {
-		d := *s.RX().Entry(ridx + uint32(i))
-		if d.Addr != want.addr || d.Options != 0 || !bytes.Equal(s.UMEM().Data(d.Addr, int(d.Len)), want.b) {
-			t.Errorf("RX descriptor %d: %+v, want addr %d and the frame", i, d, want.addr)
+	check := func(want ...Desc) {
+		t.Helper()
+		n, ridx := s.RX().Peek(4)
+		if int(n) != len(want) {
+			t.Fatalf("RX ring: %d descriptors, want %d", n, len(want))
 		}
+		for i, w := range want {
+			d := *s.RX().Entry(ridx + uint32(i))
+			if d.Addr != w.Addr || d.Len != w.Len || d.Options != 0 {
+				t.Errorf("RX descriptor %d: %+v, want %+v", i, d, w)
+			}
+		}
+		s.RX().Release(n)
 	}
-	s.RX().Release(n)
-	if !bytes.Equal(s.UMEM().Data(s.UMEM().FrameAddr(2), 48), make([]byte, 48)) {
+	check(Desc{Addr: u.DataAddr(2), Len: uint32(len(frame))}, Desc{Addr: u.DataAddr(3), Len: 60})
+	if !bytes.Equal(u.Data(u.DataAddr(2), len(frame)), frame) || !bytes.Equal(u.Data(u.DataAddr(3), 60), frame[:60]) {
+		t.Errorf("RX frames differ from what was received")
+	}
+	if !bytes.Equal(u.Data(u.FrameAddr(2), 48), make([]byte, 48)) {
 		t.Errorf("Receive wrote into the headroom or metadata")
+	}
+	// ReceiveVec joins its parts (an empty one among them) into frame 1.
+	if !s.ReceiveVec([][]byte{frame[:14], nil, frame[14:50], frame[50:]}) {
+		t.Fatal("ReceiveVec failed with a fill entry left")
+	}
+	check(Desc{Addr: u.DataAddr(1), Len: uint32(len(frame))})
+	if !bytes.Equal(u.Data(u.DataAddr(1), len(frame)), frame) {
+		t.Errorf("ReceiveVec frame differs from its parts")
 	}
 	if s.Receive(frame) {
 		t.Fatal("Receive with an empty fill ring succeeded")
 	}
-	want := map[string]uint64{"rx_packets": 2, "rx_bytes": uint64(len(frame) + 60), "rx_dropped_no_fill": 2,
-		"rx_ring_full": 1, "rx_dropped_too_long": 2, "rx_invalid_fill": 1}
+	want := map[string]uint64{"rx_packets": 3, "rx_bytes": uint64(2*len(frame) + 60), "rx_dropped": 4,
+		"rx_fill_ring_empty_descs": 2, "rx_ring_full": 1, "rx_invalid_fill": 1}
 	for name, v := range want {
 		if got := counters(s)[name]; got != v {
 			t.Errorf("%s: got %d, want %d", name, got, v)
@@ -691,7 +707,7 @@ func TestStatsOrder(t *testing.T) {
 	new(Stats).Each(func(name string, _ uint64) { names = append(names, name) })
 	want := []string{"tx_packets", "tx_bytes", "tx_csum_offload", "tx_csum_sw", "tx_timestamps",
 		"tx_invalid_descs", "tx_bad_metadata", "tx_errors", "tx_cq_full",
-		"rx_packets", "rx_bytes", "rx_dropped_no_fill", "rx_ring_full", "rx_dropped_too_long", "rx_invalid_fill"}
+		"rx_packets", "rx_bytes", "rx_dropped", "rx_ring_full", "rx_fill_ring_empty_descs", "rx_invalid_fill"}
 	if !slices.Equal(names, want) {
 		t.Errorf("counters: got %v, want %v", names, want)
 	}

@@ -8,7 +8,9 @@ import (
 
 // Stats are a socket's counters. Every field is safe to read while the
 // socket runs. Kick adds its TX counts once per call, not per packet, so a
-// reader sees them move in steps.
+// reader sees them move in steps. The RX drop counters are named and
+// counted as the kernel's struct xdp_statistics (XDP_STATISTICS, with
+// XDP_STATISTICS' extra fields).
 type Stats struct {
 	TxPackets     atomic.Uint64 // tx_packets: packets written to the wire
 	TxBytes       atomic.Uint64 // tx_bytes: their bytes, virtio-net headers excluded
@@ -21,9 +23,9 @@ type Stats struct {
 	TxCQFull      atomic.Uint64 // tx_cq_full: times Kick stopped with TX descriptors left because the completion ring was full
 	RxPackets     atomic.Uint64 // rx_packets: frames Receive posted on the RX ring
 	RxBytes       atomic.Uint64 // rx_bytes
-	RxNoFill      atomic.Uint64 // rx_dropped_no_fill: frames dropped because the fill ring was empty
-	RxRingFull    atomic.Uint64 // rx_ring_full: frames dropped because the RX ring was full
-	RxTooLong     atomic.Uint64 // rx_dropped_too_long: empty frames and frames longer than UMEM.DataRoom
+	RxDropped     atomic.Uint64 // rx_dropped: frames dropped for another reason than a full RX ring: no fill ring entry, or empty or longer than UMEM.DataRoom (struct xdp_statistics' rx_dropped)
+	RxRingFull    atomic.Uint64 // rx_ring_full: frames dropped because the RX ring was full (rx_ring_full)
+	RxFillEmpty   atomic.Uint64 // rx_fill_ring_empty_descs: times a frame found the fill ring empty, each also in rx_dropped (rx_fill_ring_empty_descs)
 	RxInvalidFill atomic.Uint64 // rx_invalid_fill: fill ring addresses outside the UMEM, skipped
 }
 
@@ -40,9 +42,9 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("tx_cq_full", s.TxCQFull.Load())
 	fn("rx_packets", s.RxPackets.Load())
 	fn("rx_bytes", s.RxBytes.Load())
-	fn("rx_dropped_no_fill", s.RxNoFill.Load())
+	fn("rx_dropped", s.RxDropped.Load())
 	fn("rx_ring_full", s.RxRingFull.Load())
-	fn("rx_dropped_too_long", s.RxTooLong.Load())
+	fn("rx_fill_ring_empty_descs", s.RxFillEmpty.Load())
 	fn("rx_invalid_fill", s.RxInvalidFill.Load())
 }
 

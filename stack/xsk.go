@@ -1,0 +1,89 @@
+package stack
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/driver/xsk"
+)
+
+// xskPort is the receive queue's XSKMAP entry: the AF_XDP socket that
+// frames the XDP program answers with cpumap.RedirectXSK are copied into.
+type xskPort struct {
+	sock atomic.Pointer[xsk.Socket]
+	// redirects counts frames handed to the socket: rx_xdp_redirect_xsk.
+	// The socket counts what became of them (rx_xsk_packets, the drops).
+	redirects atomic.Uint64
+}
+
+// BindXSK binds sock to the stack's receive queue, as an AF_XDP socket
+// bound to queue 0 and inserted in the XDP program's XSKMAP: from then on,
+// every frame the program (Config.XDP, such as cpumap.ParseProgram's
+// "xsk:PORT") answers with cpumap.RedirectXSK is copied, in the poll loop,
+// into a UMEM frame from sock's fill ring and posted on its RX ring
+// (copy mode, xsk.Socket.ReceiveVec). The poll loop never waits for the
+// application: with the fill ring empty or the RX ring full the frame is
+// dropped and counted by the socket (rx_xsk_dropped,
+// rx_xsk_fill_ring_empty_descs, rx_xsk_ring_full). Frames are copied as
+// they came off the wire: one that the sender left to checksum offload
+// (rx_csum_partial) carries a partial L4 checksum, as with native XDP on
+// a TAP or veth, and a super-frame longer than the socket's
+// UMEM.DataRoom (LRO, hardware GRO) is dropped.
+//
+// BindXSK(nil) unbinds; with no socket bound, RedirectXSK frames pass to
+// gVisor (bpf_redirect_map's XDP_PASS fallback). A new socket replaces the
+// old one at once. The stack does not own sock: the application keeps
+// driving its rings, and after Close (or BindXSK(nil)) the poll loop no
+// longer touches it. The socket's counters appear among EachCounter's,
+// renamed rx_xsk_* and tx_xsk_* as mlx5 names its XSK queues' counters.
+func (s *Stack) BindXSK(sock *xsk.Socket) error {
+	if s.drv == nil {
+		return errors.New("stack: BindXSK: no driver (NewWithEndpoint)")
+	}
+	s.ep.xsk.sock.Store(sock)
+	return nil
+}
+
+// toXSK copies a frame the XDP program redirected into the bound socket,
+// or reports false when none is bound. It releases p when it takes it.
+// Called by the poll loop only.
+func (e *linkEndpoint) toXSK(p *driver.Packet) bool {
+	sock := e.xsk.sock.Load()
+	if sock == nil {
+		return false
+	}
+	e.xsk.redirects.Add(1)
+	parts := append(e.xdpParts[:0], p.Linear)
+	for _, f := range p.Frags {
+		parts = append(parts, f.Bytes())
+	}
+	for q := p.Next; q != nil; q = q.Next {
+		// Not expected before GRO, but a chain is part of the frame.
+		parts = append(parts, q.Linear)
+		for _, f := range q.Frags {
+			parts = append(parts, f.Bytes())
+		}
+	}
+	sock.ReceiveVec(parts) // drops are the socket's to count
+	clear(parts)
+	e.xdpParts = parts[:0]
+	p.Release()
+	return true
+}
+
+// eachXSK yields the bound socket's counters, rx_* and tx_* renamed
+// rx_xsk_* and tx_xsk_*, after rx_xdp_redirect_xsk.
+func (e *linkEndpoint) eachXSK(fn func(string, uint64)) {
+	fn("rx_xdp_redirect_xsk", e.xsk.redirects.Load())
+	sock := e.xsk.sock.Load()
+	if sock == nil {
+		return
+	}
+	sock.Stats().Each(func(name string, v uint64) {
+		if len(name) > 3 && (name[:3] == "rx_" || name[:3] == "tx_") {
+			name = name[:3] + "xsk_" + name[3:]
+		}
+		fn(name, v)
+	})
+}
