@@ -48,7 +48,7 @@ type hostileClass struct {
 type hostileEnv struct {
 	stackMAC       [6]byte
 	k4, s4, k6, s6 netip.Addr // the kernel's and the stack's addresses
-	extraPort      uint16 // the stack's UDP socket for odd but valid datagrams
+	extraPort      uint16     // the stack's UDP socket for odd but valid datagrams
 	lro            bool
 }
 
