@@ -73,7 +73,8 @@ func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 }
 
 // newRigConfig is newRig with a whole stack configuration; its Wire, Addrs
-// and Driver.MTU and Driver.Pool are set here.
+// and Driver.MTU and Driver.Pool are set here, the pool from sc.Pool with
+// Poison on.
 func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 	t.Helper()
 	dc := sc.Driver
@@ -86,7 +87,10 @@ func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 			t.Error(err)
 		}
 	})
-	pool, err := bufpool.New(bufpool.Config{Poison: true})
+	// The pool of sc.Pool (limits, recycling), always poisoning.
+	pc := sc.Pool
+	pc.Poison = true
+	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
