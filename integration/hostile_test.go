@@ -449,6 +449,7 @@ func hostileRow(t *testing.T, row int, v6, lro bool, hwgro driver.HWGROMode) {
 	)
 	tl := record("TestHostileFrames")
 	r := newRig(t, fmt.Sprintf("usit-hostile%d", row), 1500, driver.Config{LRO: lro, HWGRO: hwgro})
+	w := watchPool(r.st)
 	bed := r.bed
 	// The kernel's side of the TAP may send jumbo frames; the stack's
 	// MTU stays 1500, and its TCP MSS keeps the kernel's segments within.
@@ -558,10 +559,9 @@ func hostileRow(t *testing.T, row int, v6, lro bool, hwgro driver.HWGROMode) {
 		defer udpSendDone.Store(true)
 		msg := make([]byte, 1400)
 		kudp.SetWriteDeadline(deadline)
+		pace := udpPacer{read: &udpRead}
 		for seq := uint32(0); seq < udpCount && time.Now().Before(deadline); seq++ {
-			for wait := time.Now().Add(100 * time.Millisecond); int64(udpSent)-udpRead.Load() >= 8 && time.Now().Before(wait); {
-				time.Sleep(50 * time.Microsecond)
-			}
+			pace.wait(udpSent)
 			fillDatagram(msg, seq)
 			if _, err := kudp.Write(msg); err != nil {
 				t.Errorf("udp sender: %v", err)
@@ -759,6 +759,7 @@ gen:
 	c := counters(r.st)
 	t.Logf("gVisor: ip_malformed %d tcp_invalid_segments %d tcp_checksum_errors %d udp_unknown_port %d udp_receive_buffer_errors %d",
 		c["ip_malformed"], c["tcp_invalid_segments"], c["tcp_checksum_errors"], c["udp_unknown_port"], c["udp_receive_buffer_errors"])
+	w.end(t, tl)
 	r.close(t)
 }
 

@@ -44,6 +44,19 @@ type tally struct {
 	bad     atomic.Int64 // bad inputs tried: hostile frames written to the wire
 	checked atomic.Int64 // bytes whose SHA-256 or pattern was checked at the receiver
 	lost    atomic.Int64 // bytes a reliable flow sent that did not arrive intact (must be 0)
+
+	peakRSS, peakPages atomic.Int64 // the highest peak RSS and pool pages seen (poolWatch)
+}
+
+// notePeaks raises t's peaks to rss bytes and pages pool pages.
+func (t *tally) notePeaks(rss, pages int64) {
+	for _, p := range []struct {
+		v *atomic.Int64
+		x int64
+	}{{&t.peakRSS, rss}, {&t.peakPages, pages}} {
+		for old := p.v.Load(); p.x > old && !p.v.CompareAndSwap(old, p.x); old = p.v.Load() {
+		}
+	}
 }
 
 var (
@@ -65,6 +78,7 @@ func record(name string) *tally {
 
 type summaryRow struct {
 	load, faults, bad, checked, lost int64
+	peakRSS, peakPages               int64
 }
 
 func totals() summaryRow {
@@ -77,6 +91,8 @@ func totals() summaryRow {
 		s.bad += t.bad.Load()
 		s.checked += t.checked.Load()
 		s.lost += t.lost.Load()
+		s.peakRSS = max(s.peakRSS, t.peakRSS.Load())
+		s.peakPages = max(s.peakPages, t.peakPages.Load())
 	}
 	return s
 }
@@ -96,13 +112,13 @@ func printSummary() {
 	sort.Strings(names)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(os.Stdout, "\nreliability summary (%s):\n", time.Now().UTC().Format(time.RFC3339))
-	fmt.Fprintln(w, "test\tload held (flows)\tfaults injected\tbad inputs tried\tbytes checked\tbytes lost\t")
+	fmt.Fprintln(w, "test\tload held (flows)\tfaults injected\tbad inputs tried\tbytes checked\tbytes lost\tpeak RSS MB\tpool peak pages\t")
 	line := func(name string, r summaryRow) {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t\n", name, r.load, r.faults, r.bad, r.checked, r.lost)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", name, r.load, r.faults, r.bad, r.checked, r.lost, r.peakRSS>>20, r.peakPages)
 	}
 	for _, n := range names {
 		t := record(n)
-		line(n, summaryRow{t.load.Load(), t.faults.Load(), t.bad.Load(), t.checked.Load(), t.lost.Load()})
+		line(n, summaryRow{t.load.Load(), t.faults.Load(), t.bad.Load(), t.checked.Load(), t.lost.Load(), t.peakRSS.Load(), t.peakPages.Load()})
 	}
 	line("total", totals())
 	w.Flush()
