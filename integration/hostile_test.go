@@ -716,21 +716,35 @@ gen:
 		t.Fatal(err)
 	}
 	txDropped := int64(linkNow.TxDropped - linkBase.TxDropped)
+	report := checkDropCounts(t, r.st, base, expect, txDropped)
+	t.Logf("%d rounds; frames per class: %v", rounds, sent)
+	t.Logf("drop counters got/want: %s", strings.Join(report, ", "))
+	t.Logf("refused by the kernel: %v; tap tx_dropped %d", refused, txDropped)
+	t.Logf("odd datagrams sent %v, %d of %d good ones arrived; TCP attack segments %v", oddSent, arrived, len(wantOdd), attacks)
+	c := counters(r.st)
+	t.Logf("gVisor: ip_malformed %d tcp_invalid_segments %d tcp_checksum_errors %d udp_unknown_port %d udp_receive_buffer_errors %d",
+		c["ip_malformed"], c["tcp_invalid_segments"], c["tcp_checksum_errors"], c["udp_unknown_port"], c["udp_receive_buffer_errors"])
+	w.end(t, tl)
+	r.close(t)
+}
+
+// checkDropCounts checks that, since base, each counter of expect grew by
+// its expected count, less at most txDropped (frames the TAP's queue
+// dropped before the stack could read them), and that no other frame was
+// dropped but the kernel's multicast chatter. It waits up to 10 s for
+// frames still on their way, and returns "counter got/want" for the log.
+func checkDropCounts(t *testing.T, st *stack.Stack, base map[string]uint64, expect map[string]int64, txDropped int64) []string {
+	t.Helper()
 	var total int64
 	for _, v := range expect {
 		total += v
 	}
-	delta := func() map[string]int64 {
-		c := counters(r.st)
-		d := map[string]int64{}
-		for k, v := range c {
-			d[k] = int64(v - base[k])
-		}
-		return d
-	}
 	var d map[string]int64
 	for end := time.Now().Add(10 * time.Second); ; {
-		d = delta()
+		d = map[string]int64{}
+		for k, v := range counters(st) {
+			d[k] = int64(v - base[k])
+		}
 		if d["rx_dropped"]-d["rx_drop_multicast"] >= total-txDropped || time.Now().After(end) {
 			break
 		}
@@ -750,17 +764,9 @@ gen:
 		}
 	}
 	if got := d["rx_dropped"] - d["rx_drop_multicast"]; got > total || got < total-txDropped {
-		t.Errorf("rx_dropped (not counting multicast): got %d, want %d (the bad frames; tap tx_dropped %d): drops: %s", got, total, txDropped, dropReasons(r.st))
+		t.Errorf("rx_dropped (not counting multicast): got %d, want %d (the bad frames; tap tx_dropped %d): drops: %s", got, total, txDropped, dropReasons(st))
 	}
-	t.Logf("%d rounds; frames per class: %v", rounds, sent)
-	t.Logf("drop counters got/want: %s", strings.Join(report, ", "))
-	t.Logf("refused by the kernel: %v; tap tx_dropped %d", refused, txDropped)
-	t.Logf("odd datagrams sent %v, %d of %d good ones arrived; TCP attack segments %v", oddSent, arrived, len(wantOdd), attacks)
-	c := counters(r.st)
-	t.Logf("gVisor: ip_malformed %d tcp_invalid_segments %d tcp_checksum_errors %d udp_unknown_port %d udp_receive_buffer_errors %d",
-		c["ip_malformed"], c["tcp_invalid_segments"], c["tcp_checksum_errors"], c["udp_unknown_port"], c["udp_receive_buffer_errors"])
-	w.end(t, tl)
-	r.close(t)
+	return report
 }
 
 // waitHashQuiet waits for a receiver's result until deadline plus a grace.
