@@ -273,14 +273,13 @@ func hostileClasses(e *hostileEnv) []hostileClass {
 // sender writes. The kernel refuses most of them (the AF_PACKET socket
 // checks the header as a TAP's writer would); any it lets through must be
 // dropped under the counter given here, which is added to expect. It
-// returns the names of the refused ones.
-func tryBogusVnet(t *testing.T, e *hostileEnv, vinj *testbed.Injector, expect map[string]int64) []string {
+// returns the names of the refused ones and the number tried.
+func tryBogusVnet(t *testing.T, e *hostileEnv, vinj *testbed.Injector, expect map[string]int64) (refused []string, tried int) {
 	t.Helper()
 	tcp := etherFrame(e.stackMAC, hostileSrcMAC, etIP(false), e.tcpIP(false, 6, make([]byte, 1400)))
 	udp := etherFrame(e.stackMAC, hostileSrcMAC, etIP(false), e.udpIP(false, 6, make([]byte, 1400)))
 	const csum = driver.VirtioNetHdrFNeedsCsum
-	var refused []string
-	for _, c := range []struct {
+	bogus := []struct {
 		name    string
 		h       driver.VirtioNetHdr
 		frame   []byte
@@ -293,7 +292,8 @@ func tryBogusVnet(t *testing.T, e *hostileEnv, vinj *testbed.Injector, expect ma
 		{"tso-on-udp", driver.VirtioNetHdr{Flags: csum, GSOType: driver.VirtioNetHdrGSOTCPv4, GSOSize: 100, CsumStart: 34, CsumOffset: 6}, udp, "rx_drop_bad_gso"},
 		{"unknown-gso-type", driver.VirtioNetHdr{Flags: csum, GSOType: 7, GSOSize: 100, CsumStart: 34, CsumOffset: 16}, tcp, "rx_drop_bad_gso"},
 		{"uso-size-1", driver.VirtioNetHdr{Flags: csum, GSOType: driver.VirtioNetHdrGSOUDPL4, GSOSize: 1, CsumStart: 34, CsumOffset: 6}, udp, "rx_drop_bad_gso"},
-	} {
+	}
+	for _, c := range bogus {
 		switch err := vinj.Write(vnetFrame(c.h, c.frame)); {
 		case err == nil:
 			expect[c.counter]++
@@ -303,7 +303,7 @@ func tryBogusVnet(t *testing.T, e *hostileEnv, vinj *testbed.Injector, expect ma
 			t.Fatalf("bogus virtio-net header %s: %v", c.name, err)
 		}
 	}
-	return refused
+	return refused, len(bogus)
 }
 
 // oracleDrop is the counter the NIC model must count a frame under when it
@@ -650,7 +650,8 @@ func hostileRow(t *testing.T, row int, v6, lro bool, hwgro driver.HWGROMode) {
 	tcpDone := make(chan struct{})
 	var tcpGot hashResult
 	go func() { tcpGot = waitHashQuiet(res, deadline); close(tcpDone) }()
-	refusedBogus := tryBogusVnet(t, env, vinj, expect)
+	refusedBogus, tried := tryBogusVnet(t, env, vinj, expect)
+	tl.bad.Add(int64(tried))
 	seq := uint32(0)
 	rounds := 0
 gen:
