@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,9 +33,11 @@ import (
 	"github.com/ustack/ustack/stack"
 )
 
-// resetPeakRSS resets the process's peak resident set size (VmHWM), so
-// that the next peakRSS reads the peak since now.
+// resetPeakRSS returns the memory the Go runtime holds free to the OS and
+// resets the process's peak resident set size (VmHWM) to what is left, so
+// that the next peakRSS reads the peak since now, not an earlier test's.
 func resetPeakRSS() {
+	debug.FreeOSMemory()
 	os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
 }
 
