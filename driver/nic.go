@@ -13,7 +13,8 @@ type nicState struct {
 	d        *Driver
 	rbuf     []byte
 	seg      Segmenter
-	maxFrame int
+	maxFrame int // largest frame the RX queue takes (a whole super-frame with LRO)
+	wireMax  int // largest frame the wire may carry: the MTU, an Ethernet header and a VLAN tag
 	wqeBytes int // bytes a WQE spans (a striding MPWQE, or one frame's buffer)
 	oneFrame bool
 
@@ -47,6 +48,7 @@ func (n *nicState) init(d *Driver) {
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
 	n.tunLocal = d.cfg.Tunnel.locals()
+	n.wireMax = d.cfg.MTU + ethHdrLen + vlanTagLen
 	n.wqeBytes = d.cfg.WQEBytes
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
 		// One buffer per frame, sized for the largest frame, starting on
@@ -148,7 +150,9 @@ func (n *nicState) receive(b []byte) {
 		n.receiveGSO(&h, frame, fi)
 		return
 	}
-	if len(frame) > n.maxFrame {
+	// A frame that is not a super-frame is held to the MTU, LRO or not:
+	// the NIC's MAC drops oversize frames before LRO sees them.
+	if len(frame) > n.wireMax {
 		n.dropped(DropTooBig)
 		return
 	}
@@ -197,7 +201,7 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, fi *FrameInfo) {
 
 // Segment places one frame cut from a super-frame (SegmentSink).
 func (n *nicState) Segment(hdr, payload []byte) {
-	if len(hdr)+len(payload) > n.maxFrame {
+	if len(hdr)+len(payload) > n.wireMax {
 		n.dropped(DropTooBig)
 		return
 	}

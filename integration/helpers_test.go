@@ -75,7 +75,8 @@ func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 }
 
 // newRigConfig is newRig with a whole stack configuration; its Wire, Addrs
-// and Driver.MTU and Driver.Pool are set here.
+// and Driver.MTU and Driver.Pool are set here, the pool from sc.Pool with
+// Poison on.
 func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 	t.Helper()
 	dc := sc.Driver
@@ -88,11 +89,15 @@ func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 			t.Error(err)
 		}
 	})
-	pc := bufpool.Config{Poison: true}
-	if sc.ZeroCopy {
+	// The pool of sc.Pool (limits, recycling), always poisoning.
+	pc := sc.Pool
+	pc.Poison = true
+	if sc.ZeroCopy && pc.Memory == nil {
 		// Lent pages wait in the ring while gVisor holds them.
 		pc.Memory = stack.NewChunkMemory()
-		pc.RingSize = stack.ZeroCopyRingPages
+		if pc.RingSize == 0 {
+			pc.RingSize = stack.ZeroCopyRingPages
+		}
 	}
 	pool, err := bufpool.New(pc)
 	if err != nil {

@@ -24,21 +24,13 @@ import (
 )
 
 // The ustack binary, built once for the tests that need it (see
-// ustackBinary) into binDir, which TestMain removes.
+// ustackBinary) into binDir, which TestMain (main_test.go) removes.
 var (
 	buildOnce sync.Once
 	binDir    string
 	binPath   string
 	buildErr  error
 )
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
 
 // ustackBinary builds cmd/ustack (with -race when the tests run under the
 // race detector) the first time it is called and returns its path.

@@ -1,0 +1,290 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/stack"
+)
+
+// TestShutdownMidTransfer closes the stack while TCP flows of both
+// families and a UDP flow are in full swing: Close must return promptly,
+// every RX page must be back in the pool, the stack's readers must end
+// with an error rather than hang, what arrived must be an intact prefix of
+// each stream, and no goroutine may be left (goleak).
+func TestShutdownMidTransfer(t *testing.T) {
+	needRoot(t)
+	hash, err := cpumap.ParseProgram("hash", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		name string
+		sc   stack.Config
+	}{
+		{"lro", stack.Config{Driver: driver.Config{LRO: true}}},
+		{"hw-gro/cpumap", stack.Config{Driver: driver.Config{HWGRO: driver.HWGROOn}, XDP: hash, CPUMap: []int{0, 1}}},
+		{"no-recycle/small-pool", stack.Config{Driver: driver.Config{}, Pool: bufpool.Config{NoRecycle: true, MaxPages: 512}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tl := record("TestShutdownMidTransfer")
+			leaks := goleak.IgnoreCurrent()
+			r := newRigConfig(t, fmt.Sprintf("usit-shut%d", i), 1500, tc.sc)
+			deadline := time.Now().Add(2 * time.Minute)
+			var flows []*bulkFlow
+			for j, v6 := range []bool{false, true, false} {
+				flows = append(flows, startBulk(t, r, v6, uint16(7000+j), 256<<20, uint64(800+10*i+j), deadline))
+			}
+			// A UDP flow into a socket nobody closes before the stack.
+			u, err := r.st.ListenUDP(r.stackAP(false, 5353))
+			if err != nil {
+				t.Fatal(err)
+			}
+			k, err := r.bed.NS.DialUDP(r.stackAP(false, 5353))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer k.Close()
+			udpStop := make(chan struct{})
+			udpDone := make(chan struct{})
+			go func() {
+				defer close(udpDone)
+				msg := make([]byte, 1000)
+				for seq := uint32(0); seq < 1e6 && time.Now().Before(deadline); seq++ {
+					select {
+					case <-udpStop:
+						return
+					default:
+					}
+					fillDatagram(msg, seq)
+					k.Write(msg) // the stack may be gone: errors do not matter
+					if seq%16 == 0 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}()
+			udpRead := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 2048)
+				for {
+					m, _, err := u.ReadFrom(buf)
+					if err != nil {
+						udpRead <- nil
+						return
+					}
+					if _, err := parseDatagram(buf[:m]); err != nil {
+						udpRead <- err
+						return
+					}
+				}
+			}()
+
+			// Close once every flow has moved a few MB.
+			if !waitUntil(time.Minute, func() bool {
+				for _, f := range flows {
+					if f.got.Load() < 4<<20 {
+						return false
+					}
+				}
+				return true
+			}) {
+				diagnose(t, r)
+				t.Fatal("flows did not reach 4 MB each within a minute")
+			}
+			start := time.Now()
+			closed := make(chan struct{})
+			go func() { r.close(t); close(closed) }()
+			select {
+			case <-closed:
+			case <-time.After(30 * time.Second):
+				t.Fatal("stack Close did not return within 30s of a mid-transfer close")
+			}
+			tl.faults.Add(1)
+			t.Logf("Close mid-transfer took %v", time.Since(start).Round(time.Millisecond))
+			// Close returns with every page back (r.close checked it).
+			var moved int64
+			for _, f := range flows {
+				moved += f.abort(t, tl)
+			}
+			close(udpStop)
+			<-udpDone
+			select {
+			case err := <-udpRead:
+				if err != nil {
+					t.Errorf("udp reader: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("udp reader did not end within 10s of Close")
+			}
+			u.Close()
+			t.Logf("%d MB arrived intact before the close", moved>>20)
+			goleak.VerifyNone(t, leaks)
+		})
+	}
+}
+
+// finalCounter matches one counter line of `ustack run`'s counters block.
+func finalCounter(out, name string) (uint64, bool) {
+	re := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(name) + `: (\d+)$`)
+	m := re.FindAllStringSubmatch(out, -1)
+	if len(m) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(m[len(m)-1][1], 10, 64)
+	return v, err == nil
+}
+
+// TestShutdownSIGTERM sends SIGTERM to `ustack run` while kernel TCP
+// flows pour into its discard server: it must exit 0 within seconds,
+// print no panic, and its final counters must show every page back in the
+// pool.
+func TestShutdownSIGTERM(t *testing.T) {
+	needRoot(t)
+	tl := record("TestShutdownSIGTERM")
+	r, cmd, stdout, stderr, exited := startRunBinary(t, "usit-sigterm", "-discard", ":9", "-pool-poison", "-lro", "off", "-hw-gro", "coalesce")
+	deadline := time.Now().Add(2 * time.Minute)
+	type sender struct {
+		c    *net.TCPConn
+		sent atomic.Int64
+		done chan error
+	}
+	var senders []*sender
+	for _, v6 := range []bool{false, true} {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		c, err := r.bed.NS.DialTCP(ctx, r.stackAP(v6, 9), cc)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s := &sender{c: c, done: make(chan error, 1)}
+		senders = append(senders, s)
+		go func() {
+			c.SetDeadline(deadline)
+			buf := make([]byte, writeSize)
+			for s.sent.Load() < 1<<30 {
+				m, err := c.Write(buf)
+				s.sent.Add(int64(m))
+				if err != nil {
+					s.done <- err
+					return
+				}
+			}
+			s.done <- nil
+		}()
+	}
+	var written int64
+	if !waitUntil(time.Minute, func() bool {
+		tot := int64(0)
+		for _, s := range senders {
+			tot += s.sent.Load()
+		}
+		written = tot
+		return tot >= 32<<20
+	}) {
+		t.Fatalf("senders wrote %d bytes in a minute, want 32 MB", written)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	tl.faults.Add(1)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("ustack run after SIGTERM mid-transfer: got %v, want exit status 0; stderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("ustack run did not exit within 15s of SIGTERM; stderr:\n%s", stderr.String())
+	}
+	for _, s := range senders {
+		s.c.SetLinger(0)
+		s.c.Close()
+		<-s.done
+	}
+	if e := stderr.String(); strings.Contains(e, "panic") || strings.Contains(e, "goroutine ") || strings.Contains(e, "DATA RACE") {
+		t.Errorf("stderr after SIGTERM holds a panic or race report:\n%s", e)
+	}
+	out := stdout.String()
+	inUse, ok := finalCounter(out, "rx_pp_pages_in_use")
+	if !ok {
+		t.Fatalf("final counters lack rx_pp_pages_in_use:\n%s", out)
+	}
+	if inUse != 0 {
+		t.Errorf("final rx_pp_pages_in_use after SIGTERM: got %d, want 0", inUse)
+	}
+	rx, _ := finalCounter(out, "rx_bytes")
+	t.Logf("kernel wrote %d MB, ustack received %d MB before SIGTERM; final rx_pp_pages_in_use %d", written>>20, rx>>20, inUse)
+}
+
+// startRunBinary starts `ustack run` on a fresh TAP bed (namespace prefix
+// prefix) at the bed's stack addresses, with extra flags, and waits for its
+// startup line. exited yields its Wait result. Cleanup kills it if it is
+// still running, then removes the bed.
+func startRunBinary(t *testing.T, prefix string, flags ...string) (r *rig, cmd *exec.Cmd, stdout, stderr *syncBuffer, exited <-chan error) {
+	t.Helper()
+	bin := ustackBinary(t)
+	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bed.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	args := append([]string{"run", "-tap", bed.TAPName, "-addr", bed.StackAddr4.String(), "-addr", bed.StackAddr6.String()}, flags...)
+	cmd = bed.NS.Exec(ctx, bin, args...)
+	stdout, stderr = &syncBuffer{}, &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		close(done)
+		ch <- err
+	}()
+	// Registered after the bed's cleanup, so that it runs first.
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	for start := time.Now(); !strings.Contains(stderr.String(), "ustack: on "); {
+		select {
+		case err := <-ch:
+			t.Fatalf("ustack run exited at startup: %v\nstderr:\n%s", err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("ustack run did not start within 30s; stderr:\n%s", stderr.String())
+		}
+	}
+	return &rig{bed: bed}, cmd, stdout, stderr, ch
+}
