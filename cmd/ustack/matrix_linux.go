@@ -703,7 +703,7 @@ func printMatrixHeader(w io.Writer, env *matrixEnv, rep *matrixReport, dims matr
 	for _, s := range rep.Sides {
 		names = append(names, s.Name)
 	}
-	fmt.Fprintf(w, "ustack bench -matrix: %d cells (%d skipped), %v per run, %d rounds, sides interleaved per cell (%s)\n",
+	fmt.Fprintf(w, "ustack bench -matrix: %d cells (%d skipped), %v per run, %d round(s), sides interleaved per cell (%s)\n",
 		cells, skipped, env.dur, rep.Meta.Rounds, strings.Join(names, " "))
 	fmt.Fprintf(w, "sender: ustack send in netns %s (kernel sockets), TCP congestion control %s (asked per socket; the cc column is what the socket reported), UDP with UDP_SEGMENT (%d per write at 64 B, %d at 1400 B)\n",
 		env.bed.NS.Name, env.cc, udpGSO(64), udpGSO(1400))

@@ -103,7 +103,7 @@ func protoPlot(rep *matrixReport, proto matrixProto, cells []*matrixCellResult) 
 	if proto.UDP {
 		unit, scale = "million datagrams/s", 1e-6
 	}
-	p.Title.Text = fmt.Sprintf("%s: median, bars min-max of %d rounds", proto.Label, rep.Meta.Rounds)
+	p.Title.Text = fmt.Sprintf("%s: median, bars min-max of %d round(s)", proto.Label, rep.Meta.Rounds)
 	if rep.Meta.Congestion != "" && !proto.UDP {
 		p.Title.Text += ", sender " + rep.Meta.Congestion
 	}
@@ -142,6 +142,8 @@ func protoPlot(rep *matrixReport, proto matrixProto, cells []*matrixCellResult) 
 	// Headroom above the highest bar for the legend, a line per side.
 	p.Y.Max = top * (1.1 + 0.08*float64(n))
 	p.NominalX(cellTicks(cells)...)
+	// A slot of equal width per cell, its group of bars in the middle.
+	p.X.Min, p.X.Max = -0.5, float64(len(cells))-0.5
 	p.X.Tick.Label.Rotation = math.Pi / 6
 	p.X.Tick.Label.XAlign = draw.XRight
 	p.X.Tick.Label.YAlign = draw.YTop
