@@ -490,6 +490,16 @@ func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) erro
 		return fmt.Errorf("unknown side kind %q", side.Kind)
 	}
 	r.SetupSeconds = time.Since(setup).Seconds()
+	// The kernel's side of the link toward the receiver: its tx drops are
+	// what the receiver did not take in time (the TAP's queue was full).
+	linkDev := e.bed.TAPName
+	if side.Kind == "kernel" {
+		linkDev = "umx0"
+	}
+	link0, err := linkStats(e.bed.NS, linkDev)
+	if err != nil {
+		return err
+	}
 
 	args := []string{"send", "-addr", dst.String(), "-t", e.dur.String()}
 	if cell.Proto.UDP {
@@ -534,6 +544,12 @@ func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) erro
 	}
 	r.Counters = map[string]uint64{}
 	counters()
+	if link1, err := linkStats(e.bed.NS, linkDev); err == nil {
+		for _, k := range slices.Sorted(maps.Keys(link1)) {
+			r.Counters[k] = link1[k] - link0[k]
+			r.order = append(r.order, k)
+		}
+	}
 	if cell.Proto.UDP {
 		r.DatagramsSent = res.Datagrams
 		r.DatagramsReceived = got / int64(cell.Proto.Size)
@@ -548,6 +564,28 @@ func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) erro
 		return fmt.Errorf("received %d bytes, sender wrote %d", got, res.Bytes)
 	}
 	return nil
+}
+
+// linkStats returns the kernel's counters of dev in ns (`ip -s link`):
+// link_rx_packets, link_tx_dropped and the like.
+func linkStats(ns *testbed.Netns, dev string) (map[string]uint64, error) {
+	out, err := ns.Output("-j", "-s", "link", "show", "dev", dev)
+	if err != nil {
+		return nil, err
+	}
+	var links []struct {
+		Stats64 map[string]map[string]uint64 `json:"stats64"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil || len(links) != 1 {
+		return nil, fmt.Errorf("ip -s link show dev %s: %q: %v", dev, out, err)
+	}
+	m := map[string]uint64{}
+	for dir, st := range links[0].Stats64 {
+		for k, v := range st {
+			m["link_"+dir+"_"+k] = v
+		}
+	}
+	return m, nil
 }
 
 // udpGSO is the number of datagrams of size bytes the sender writes at
