@@ -73,7 +73,7 @@ func isMatrix(args []string) bool {
 func matrixCmd(args []string) error {
 	start := time.Now()
 	fs := flag.NewFlagSet("bench -matrix", flag.ContinueOnError)
-	fs.Bool("matrix", true, "run the test matrix (this mode)")
+	fs.Bool("matrix", false, "run the test matrix (this mode)")
 	var (
 		dur     = fs.Duration("t", 2*time.Second, "sending time per run")
 		rounds  = fs.Int("rounds", 3, "rounds per cell; in each the sides run interleaved (A B A B ...)")
@@ -140,7 +140,11 @@ func matrixCmd(args []string) error {
 	for _, s := range sides {
 		for _, set := range s.Settings {
 			if name, _, _ := strings.Cut(strings.TrimLeft(set, "-"), "="); matrixDimension(name) {
-				return usageError{fmt.Errorf("-%s %q: %s is a dimension of the matrix: narrow it with -%s", strings.ToLower(s.Name), set, name, strings.TrimSuffix(name, "-cpu"))}
+				dim := name
+				if name == "poll-cpu" {
+					dim = "core"
+				}
+				return usageError{fmt.Errorf("-%s %q: %s is a dimension of the matrix: narrow it with -%s", strings.ToLower(s.Name), set, name, dim)}
 			}
 		}
 		p, err := policyFromSettings(slices.Concat(base, s.Settings))
