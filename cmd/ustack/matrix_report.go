@@ -354,6 +354,7 @@ func (r *matrixReport) Print(w io.Writer) error {
 	hdr = append(hdr, "unit", "cc")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	var improved, regressed []string
+	oneRun := false
 	skipped := map[string]int{}
 	var skipOrder []string
 	for _, c := range r.Cells {
@@ -374,6 +375,7 @@ func (r *matrixReport) Print(w io.Writer) error {
 				cc = b.Congestion
 			}
 			cmp := compare(a, b, r.Threshold)
+			oneRun = oneRun || a.N == 1 || b.N == 1
 			switch {
 			case a.N == 0 || b.N == 0:
 				row = append(row, "failed: "+firstNonEmpty(a.Err, b.Err), "-", "-", "-", "-")
@@ -419,6 +421,9 @@ func (r *matrixReport) Print(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if r.AB && oneRun {
+		fmt.Fprintln(w, "\nOnly one good run per side in some cells: no spread to tell noise by there, so every change beyond the threshold counts; use -rounds 3 or more.")
 	}
 	if r.AB {
 		fmt.Fprintf(w, "\nImprovements (B against A, beyond the %g%% threshold and the runs' spread):\n", r.Threshold)

@@ -235,6 +235,9 @@ func TestReportPrint(t *testing.T) {
 			t.Errorf("improvements lack %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "Only one good run") {
+		t.Errorf("two rounds everywhere, yet the one-run warning:\n%s", out)
+	}
 	if !strings.Contains(regress, "\nUDP 64-byte, core adjacent, MTU 9000, LRO off, tunnel off 300000 -> 200000 (-33.3% ↓)\n") {
 		t.Errorf("regressions lack the UDP cell:\n%s", out)
 	}
@@ -251,6 +254,22 @@ func TestReportPrint(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestReportPrintOneRound(t *testing.T) {
+	rep := fakeReport()
+	for _, c := range rep.Cells {
+		for i := range c.Runs {
+			c.Runs[i] = c.Runs[i][:min(1, len(c.Runs[i]))]
+		}
+	}
+	var b bytes.Buffer
+	if err := rep.Print(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "Only one good run per side in some cells") {
+		t.Errorf("no one-run warning:\n%s", b.String())
 	}
 }
 
