@@ -394,118 +394,29 @@ func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) erro
 	setup := time.Now()
 	var sk sink
 	defer sk.close()
-	var snmp0 map[string]uint64
-	var dst netip.AddrPort
-	var counters func()
-	var trains *stack.TrainConn
-	readerCPU := e.readerCPU[cell.Core]
+	var rc receiver
+	var err error
 	switch side.Kind {
 	case "ustack", "stock":
-		row := benchRow{stock: side.Kind == "stock", pol: policy{mtu: cell.MTU}}
-		if !row.stock {
-			settings := slices.Concat(e.base, []string{"mtu=" + strconv.Itoa(cell.MTU), "lro=" + cell.LRO, "poll-cpu=" + strconv.Itoa(e.pollCPU)}, side.Settings)
-			if cell.Tunnel == "on" {
-				settings = append(settings, benchTunnelSettings...)
-			}
-			var err error
-			if row.pol, err = policyFromSettings(settings); err != nil {
-				return err
-			}
-			r.Policy = strings.Join(slices.Concat(e.base, side.Settings), " ")
-			r.PollCPU = e.pollCPU
-		}
-		st, err := benchStack(e.bed, row)
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		addr := e.bed.StackAddr4.Addr()
-		if e.tunnelDst.IsValid() {
-			addr = e.tunnelDst
-		}
-		dst = netip.AddrPortFrom(addr, matrixPort)
-		switch {
-		case !cell.Proto.UDP:
-			l, err := st.ListenTCP(dst)
-			if err != nil {
-				return err
-			}
-			sk.serve(l, readerCPU)
-		case row.stock:
-			pc, err := st.ListenUDP(dst)
-			if err != nil {
-				return err
-			}
-			sk.add(pc)
-			sk.read(readerCPU, func(b []byte) (int, error) { n, _, err := pc.ReadFrom(b); return n, err })
-		default:
-			tc, err := st.ListenUDPTrains(dst)
-			if err != nil {
-				return err
-			}
-			sk.add(tc)
-			sk.read(readerCPU, func(b []byte) (int, error) { n, _, _, err := tc.ReadTrain(b, time.Time{}); return n, err })
-			trains = tc
-		}
-		counters = func() {
-			st.EachCounter(func(name string, v uint64) { r.Counters[name] = v; r.order = append(r.order, name) })
-			if trains != nil {
-				r.Counters["udp_train_drops"] = trains.Drops()
-				r.order = append(r.order, "udp_train_drops")
-			}
-		}
+		rc, err = e.stackReceiver(cell, side, r, &sk)
 	case "kernel":
-		dst = netip.AddrPortFrom(vethRecv.Addr(), matrixPort)
-		proto := "Tcp"
-		if cell.Proto.UDP {
-			proto = "Udp"
-			uc, err := e.rx.ListenUDP(dst)
-			if err != nil {
-				return err
-			}
-			sk.add(uc)
-			if err := kernelUDPGRO(uc); err != nil {
-				return err
-			}
-			sk.read(readerCPU, uc.Read)
-		} else {
-			l, err := e.rx.ListenTCP(dst)
-			if err != nil {
-				return err
-			}
-			sk.serve(l, readerCPU)
-		}
-		var err error
-		if snmp0, err = e.rx.SNMP(proto); err != nil {
-			return err
-		}
-		counters = func() {
-			snmp1, err := e.rx.SNMP(proto)
-			if err != nil {
-				return
-			}
-			for _, k := range slices.Sorted(maps.Keys(snmp1)) {
-				name := "snmp_" + strings.ToLower(proto) + "_" + k
-				r.Counters[name] = snmp1[k] - snmp0[k]
-				r.order = append(r.order, name)
-			}
-		}
+		rc, err = e.kernelReceiver(cell, &sk)
 	default:
-		return fmt.Errorf("unknown side kind %q", side.Kind)
+		err = fmt.Errorf("unknown side kind %q", side.Kind)
 	}
+	if err != nil {
+		return err
+	}
+	defer rc.close()
 	r.SetupSeconds = time.Since(setup).Seconds()
 	// The kernel's side of the link toward the receiver: its tx drops are
 	// what the receiver did not take in time (the TAP's queue was full).
-	linkDev := e.bed.TAPName
-	if side.Kind == "kernel" {
-		linkDev = "umx0"
-	}
-	link0, err := linkStats(e.bed.NS, linkDev)
+	link0, err := linkStats(e.bed.NS, rc.linkDev)
 	if err != nil {
 		return err
 	}
 
-	args := []string{"send", "-addr", dst.String(), "-t", e.dur.String()}
+	args := []string{"send", "-addr", rc.dst.String(), "-t", e.dur.String()}
 	if cell.Proto.UDP {
 		args = append(args, "-mode", "udp", "-size", strconv.Itoa(cell.Proto.Size), "-gso", strconv.Itoa(udpGSO(cell.Proto.Size)))
 	} else {
@@ -547,11 +458,10 @@ func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) erro
 		r.RxCPUPerGB, r.MachineCPUPerGB = r.RxCPUSeconds/gb, r.MachineCPUSeconds/gb
 	}
 	r.Counters = map[string]uint64{}
-	counters()
-	if link1, err := linkStats(e.bed.NS, linkDev); err == nil {
+	rc.counters(r)
+	if link1, err := linkStats(e.bed.NS, rc.linkDev); err == nil {
 		for _, k := range slices.Sorted(maps.Keys(link1)) {
-			r.Counters[k] = link1[k] - link0[k]
-			r.order = append(r.order, k)
+			addCounter(r, k, link1[k]-link0[k])
 		}
 	}
 	if cell.Proto.UDP {
@@ -568,6 +478,119 @@ func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) erro
 		return fmt.Errorf("received %d bytes, sender wrote %d", got, res.Bytes)
 	}
 	return nil
+}
+
+// receiver is one side's receiving end in a run.
+type receiver struct {
+	dst      netip.AddrPort     // where the sender sends
+	linkDev  string             // the kernel's device toward it, in the bed's namespace
+	counters func(r *matrixRun) // adds the receiver's counters to r.Counters
+	close    func()             // stops it (after its sockets are closed)
+}
+
+// addCounter adds a counter to r, keeping the order it was added in.
+func addCounter(r *matrixRun, name string, v uint64) {
+	r.Counters[name] = v
+	r.order = append(r.order, name)
+}
+
+// stackReceiver builds a ustack side's stack (or gVisor's stock endpoint)
+// on the bed's TAP with the cell's policy and its reader: TCP discard, a
+// UDP train socket (stock: a gVisor UDP socket).
+func (e *matrixEnv) stackReceiver(cell matrixCell, side matrixSide, r *matrixRun, sk *sink) (receiver, error) {
+	row := benchRow{stock: side.Kind == "stock", pol: policy{mtu: cell.MTU}}
+	if !row.stock {
+		settings := slices.Concat(e.base, []string{"mtu=" + strconv.Itoa(cell.MTU), "lro=" + cell.LRO, "poll-cpu=" + strconv.Itoa(e.pollCPU)}, side.Settings)
+		if cell.Tunnel == "on" {
+			settings = append(settings, benchTunnelSettings...)
+		}
+		var err error
+		if row.pol, err = policyFromSettings(settings); err != nil {
+			return receiver{}, err
+		}
+		r.Policy = strings.Join(slices.Concat(e.base, side.Settings), " ")
+		r.PollCPU = e.pollCPU
+	}
+	st, err := benchStack(e.bed, row)
+	if err != nil {
+		return receiver{}, err
+	}
+	addr := e.bed.StackAddr4.Addr()
+	if e.tunnelDst.IsValid() {
+		addr = e.tunnelDst
+	}
+	rc := receiver{dst: netip.AddrPortFrom(addr, matrixPort), linkDev: e.bed.TAPName, close: func() { st.Close() }}
+	cpu := e.readerCPU[cell.Core]
+	var trains *stack.TrainConn
+	switch {
+	case !cell.Proto.UDP:
+		l, err := st.ListenTCP(rc.dst)
+		if err == nil {
+			sk.serve(l, cpu)
+		}
+	case row.stock:
+		var pc net.PacketConn
+		if pc, err = st.ListenUDP(rc.dst); err == nil {
+			sk.add(pc)
+			sk.read(cpu, func(b []byte) (int, error) { n, _, err := pc.ReadFrom(b); return n, err })
+		}
+	default:
+		if trains, err = st.ListenUDPTrains(rc.dst); err == nil {
+			sk.add(trains)
+			sk.read(cpu, func(b []byte) (int, error) { n, _, _, err := trains.ReadTrain(b, time.Time{}); return n, err })
+		}
+	}
+	if err != nil {
+		st.Close()
+		return receiver{}, err
+	}
+	rc.counters = func(r *matrixRun) {
+		st.EachCounter(func(name string, v uint64) { addCounter(r, name, v) })
+		if trains != nil {
+			addCounter(r, "udp_train_drops", trains.Drops())
+		}
+	}
+	return rc, nil
+}
+
+// kernelReceiver opens the kernel peer's socket in its namespace, across
+// the veth pair: a TCP listener, or a UDP socket with UDP_GRO.
+func (e *matrixEnv) kernelReceiver(cell matrixCell, sk *sink) (receiver, error) {
+	rc := receiver{dst: netip.AddrPortFrom(vethRecv.Addr(), matrixPort), linkDev: "umx0", close: func() {}}
+	cpu := e.readerCPU[cell.Core]
+	proto := "Tcp"
+	if cell.Proto.UDP {
+		proto = "Udp"
+		uc, err := e.rx.ListenUDP(rc.dst)
+		if err != nil {
+			return rc, err
+		}
+		sk.add(uc)
+		if err := kernelUDPGRO(uc); err != nil {
+			return rc, err
+		}
+		sk.read(cpu, uc.Read)
+	} else {
+		l, err := e.rx.ListenTCP(rc.dst)
+		if err != nil {
+			return rc, err
+		}
+		sk.serve(l, cpu)
+	}
+	snmp0, err := e.rx.SNMP(proto)
+	if err != nil {
+		return rc, err
+	}
+	rc.counters = func(r *matrixRun) {
+		snmp1, err := e.rx.SNMP(proto)
+		if err != nil {
+			return
+		}
+		for _, k := range slices.Sorted(maps.Keys(snmp1)) {
+			addCounter(r, "snmp_"+strings.ToLower(proto)+"_"+k, snmp1[k]-snmp0[k])
+		}
+	}
+	return rc, nil
 }
 
 // linkStats returns the kernel's counters of dev in ns (`ip -s link`):
