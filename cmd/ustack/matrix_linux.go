@@ -33,17 +33,20 @@ import (
 	"github.com/ustack/ustack/stack"
 )
 
-// benchTunnel builds the tunnel of the matrix's tunnel=on cells: given the
-// bed (its namespace holds the sender) and whether the encapsulation is
-// IPv6 (seed 000's "IPv6 encap"; the matrix asks for it), it sets up the
-// kernel's side of the tunnel and returns the address the sender sends to,
-// and a cleanup that removes what it made. nil until the tunnel is built:
-// tunnel=on cells are then skipped ("tunnel not built").
-var benchTunnel func(bed *testbed.TAPBed, ipv6 bool) (dst netip.Addr, cleanup func(), err error)
+// benchTunnel builds the tunnel of a run in a tunnel=on cell (seed 000's
+// IPv6 encapsulation). It is called once per run of a ustack side, with the
+// run's stack configuration (policy, addresses) built and before the stack
+// is: it adds the tunnel's kernel side in the bed's namespace, fills in
+// cfg's tunnel, and returns the stack's inner address the sender sends to
+// (IPv6 when v6, else IPv4; the matrix sends IPv4) and a cleanup, called
+// after the stack is closed. setupBenchTunnel (the tunnel's bench hook)
+// has this contract. nil until wired: tunnel=on cells are then skipped
+// ("tunnel not built").
+var benchTunnel func(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst netip.Addr, cleanup func(), err error)
 
-// benchTunnelSettings are the ustack policy settings (name=value) the
-// tunnel=on cells add to every ustack side, such as the driver's decap
-// switch; set along with benchTunnel.
+// benchTunnelSettings are ustack policy settings (name=value) that the
+// tunnel=on cells add to every ustack side, if the tunnel needs any besides
+// what benchTunnel sets.
 var benchTunnelSettings []string
 
 // The kernel peer's veth link: its sender end in the bed's namespace, its
@@ -275,11 +278,6 @@ func runMatrix(env *matrixEnv, rep *matrixReport, dims matrixDims, rounds int) e
 		if err := env.setMTU(c.Cell.MTU); err != nil {
 			return err
 		}
-		tunnelDone, err := env.startTunnel(c.Cell)
-		if err != nil {
-			c.Skip = "tunnel: " + err.Error()
-			continue
-		}
 		for r := 1; r <= rounds; r++ {
 			for _, si := range env.sidesFor(rep, c.Cell) {
 				side := rep.Sides[si]
@@ -298,12 +296,10 @@ func runMatrix(env *matrixEnv, rep *matrixReport, dims matrixDims, rounds int) e
 				if run.Error == "" {
 					failures = 0
 				} else if failures++; failures >= maxFailures {
-					tunnelDone()
 					return fmt.Errorf("%d runs failed in a row, the last: %s", failures, run.Error)
 				}
 			}
 		}
-		tunnelDone()
 	}
 	return nil
 }
@@ -321,7 +317,6 @@ type matrixEnv struct {
 	pollCPU   int
 	readerCPU map[string]int // by core value; -1: not available
 	verbose   bool
-	tunnelDst netip.Addr // the current cell's tunnel destination, if any
 }
 
 // sidesFor lists the indexes of the sides that run in cell: the peers do
@@ -357,26 +352,6 @@ func (e *matrixEnv) setMTU(mtu int) error {
 	}
 	e.mtu = mtu
 	return nil
-}
-
-// startTunnel sets up the tunnel of a tunnel=on cell and returns its
-// cleanup.
-func (e *matrixEnv) startTunnel(cell matrixCell) (done func(), err error) {
-	e.tunnelDst = netip.Addr{}
-	if cell.Tunnel != "on" {
-		return func() {}, nil
-	}
-	dst, cleanup, err := benchTunnel(e.bed, true)
-	if err != nil {
-		return nil, err
-	}
-	e.tunnelDst = dst
-	return func() {
-		e.tunnelDst = netip.Addr{}
-		if cleanup != nil {
-			cleanup()
-		}
-	}, nil
 }
 
 // run measures one side in one cell once.
@@ -511,15 +486,18 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side matrixSide, r *matrixRun
 		r.Policy = strings.Join(slices.Concat(e.base, side.Settings), " ")
 		r.PollCPU = e.pollCPU
 	}
-	st, err := benchStack(e.bed, row)
+	var st *benchTarget
+	addr, untunnel := e.bed.StackAddr4.Addr(), func() {}
+	var err error
+	if row.stock {
+		st, err = benchStack(e.bed, row)
+	} else {
+		st, addr, untunnel, err = e.ustack(row.pol, cell.Tunnel == "on")
+	}
 	if err != nil {
 		return receiver{}, err
 	}
-	addr := e.bed.StackAddr4.Addr()
-	if e.tunnelDst.IsValid() {
-		addr = e.tunnelDst
-	}
-	rc := receiver{dst: netip.AddrPortFrom(addr, matrixPort), linkDev: e.bed.TAPName, close: func() { st.Close() }}
+	rc := receiver{dst: netip.AddrPortFrom(addr, matrixPort), linkDev: e.bed.TAPName, close: func() { st.Close(); untunnel() }}
 	cpu := e.readerCPU[cell.Core]
 	var trains *stack.TrainConn
 	switch {
@@ -541,7 +519,7 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side matrixSide, r *matrixRun
 		}
 	}
 	if err != nil {
-		st.Close()
+		rc.close()
 		return receiver{}, err
 	}
 	rc.counters = func(r *matrixRun) {
@@ -551,6 +529,46 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side matrixSide, r *matrixRun
 		}
 	}
 	return rc, nil
+}
+
+// ustack builds a ustack stack with policy pol on the bed's TAP, as
+// benchStack does, and in a tunnel cell with the tunnel (benchTunnel). It
+// returns the address to send to and the tunnel's cleanup, for after the
+// stack's Close.
+func (e *matrixEnv) ustack(pol policy, tunnel bool) (st *benchTarget, dst netip.Addr, untunnel func(), err error) {
+	cfg, err := pol.stackConfig()
+	if err != nil {
+		return nil, dst, nil, err
+	}
+	cfg.Addrs = []netip.Prefix{e.bed.StackAddr4, e.bed.StackAddr6}
+	dst, untunnel = e.bed.StackAddr4.Addr(), func() {}
+	if tunnel {
+		var cleanup func()
+		if dst, cleanup, err = benchTunnel(e.bed, &cfg, false); err != nil {
+			return nil, dst, nil, fmt.Errorf("tunnel: %w", err)
+		}
+		if cleanup != nil {
+			untunnel = cleanup
+		}
+	}
+	var tap *driver.TAP
+	if err := e.bed.Open(func() (err error) {
+		tap, err = driver.OpenTAP(driver.TAPConfig{Name: e.bed.TAPName, VnetHdr: true, Offloads: true})
+		return err
+	}); err != nil {
+		if tap != nil {
+			tap.Close()
+		}
+		untunnel()
+		return nil, dst, nil, err
+	}
+	cfg.Wire = tap
+	s, err := stack.New(cfg) // closes the TAP on error
+	if err != nil {
+		untunnel()
+		return nil, dst, nil, err
+	}
+	return &benchTarget{Stack: s}, dst, untunnel, nil
 }
 
 // kernelReceiver opens the kernel peer's socket in its namespace, across
