@@ -38,6 +38,9 @@ type sample struct {
 }
 
 func benchCmd(args []string) error {
+	if isMatrix(args) {
+		return matrixCmd(args)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
 		dur     = fs.Duration("t", 3*time.Second, "sending time per run")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
@@ -77,6 +78,42 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.cpuQueue, "cpumap-qsize", 0, "ring size of each cpumap entry (0: 2048)")
 	fs.StringVar(&p.nicCPU, "nic-cpu", "", "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)")
 	fs.StringVar(&p.pollCPU, "poll-cpu", "", "pin the poll loop's thread to this CPU list")
+}
+
+// policyFromSettings returns the default policy with each name=value
+// setting applied through the switch's own flag (registered on a throwaway
+// FlagSet), so that every switch of run and bench works; later settings win.
+// A leading "-" on a name is allowed.
+func policyFromSettings(settings []string) (policy, error) {
+	var p policy
+	fs := flag.NewFlagSet("policy", flag.ContinueOnError)
+	p.register(fs)
+	for _, s := range settings {
+		name, value, ok := strings.Cut(s, "=")
+		name = strings.TrimLeft(strings.TrimSpace(name), "-")
+		if !ok || fs.Lookup(name) == nil {
+			return p, fmt.Errorf("policy %q: want name=value with a switch of ustack run", s)
+		}
+		if err := fs.Set(name, strings.TrimSpace(value)); err != nil {
+			return p, fmt.Errorf("policy %q: %w", s, err)
+		}
+	}
+	return p, nil
+}
+
+// splitSettings splits a list of name=value settings separated by commas
+// or spaces ("hds=256, gro=off"). A piece without "=" continues the
+// previous value, so list values keep their commas ("cpumap=0,1").
+func splitSettings(s string) []string {
+	var out []string
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
+		if !strings.Contains(f, "=") && len(out) > 0 {
+			out[len(out)-1] += "," + f
+			continue
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 // stackConfig turns the switches into a stack configuration.

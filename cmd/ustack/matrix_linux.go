@@ -1,0 +1,811 @@
+package main
+
+// ustack bench -matrix: issue 8's test matrix (seed 000's): every cell of
+// {TCP 64 KB, 512 KB writes; UDP 64 B, 1400 B datagrams} x {poll loop and
+// reader on one core, on adjacent cores} x {MTU 1500, 4096, 9000} x {LRO
+// on, off} x {tunnel off, on}, with a kernel sender in a namespace, and
+// policies A and B (and the peers) interleaved in each cell.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/stack"
+)
+
+// benchTunnel builds the tunnel of a run in a tunnel=on cell (seed 000's
+// IPv6 encapsulation). It is called once per run of a ustack side, with the
+// run's stack configuration (policy, addresses) built and before the stack
+// is: it adds the tunnel's kernel side in the bed's namespace, fills in
+// cfg's tunnel, and returns the stack's inner address the sender sends to
+// (IPv6 when v6, else IPv4; the matrix sends IPv4) and a cleanup, called
+// after the stack is closed. setupBenchTunnel (the tunnel's bench hook)
+// has this contract. nil until wired: tunnel=on cells are then skipped
+// ("tunnel not built").
+var benchTunnel func(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst netip.Addr, cleanup func(), err error)
+
+// benchTunnelSettings are ustack policy settings (name=value) that the
+// tunnel=on cells add to every ustack side, if the tunnel needs any besides
+// what benchTunnel sets.
+var benchTunnelSettings []string
+
+// The kernel peer's veth link: its sender end in the bed's namespace, its
+// receiver end in a namespace of its own.
+var (
+	vethSend = netip.MustParsePrefix("10.78.0.1/24")
+	vethRecv = netip.MustParsePrefix("10.78.0.2/24")
+)
+
+const matrixPort = 5001
+
+// isMatrix reports whether bench's arguments ask for the matrix.
+func isMatrix(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		name, value, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "matrix" && value != "false" && value != "0" {
+			return true
+		}
+	}
+	return false
+}
+
+// matrixCmd is `ustack bench -matrix`.
+func matrixCmd(args []string) error {
+	start := time.Now()
+	fs := flag.NewFlagSet("bench -matrix", flag.ContinueOnError)
+	fs.Bool("matrix", false, "run the test matrix (this mode)")
+	var (
+		dur     = fs.Duration("t", 2*time.Second, "sending time per run")
+		rounds  = fs.Int("rounds", 3, "rounds per cell; in each the sides run interleaved (A B A B ...)")
+		cc      = fs.String("cc", "cubic", "congestion control of the kernel TCP sender")
+		protos  = fs.String("proto", "tcp512k,tcp64k,udp64,udp1400", "workloads: tcp64k, tcp512k (TCP bulk, sender write size), udp64, udp1400 (UDP datagrams, pps)")
+		cores   = fs.String("core", "same,adjacent", "reader on the poll loop's CPU (same) or on the other (adjacent)")
+		mtus    = fs.String("mtu", "1500,4096,9000", "MTUs")
+		lros    = fs.String("lro", "on,off", "LRO values")
+		tunnels = fs.String("tunnel", "off,on", "tunnel values (on: needs the benchTunnel hook)")
+		aFlag   = fs.String("a", "", "policy A: ustack switches as name=value, comma or space separated (e.g. hds=256)")
+		bFlag   = fs.String("b", "", "policy B, compared with A in every cell")
+		thresh  = fs.String("threshold", "10%", "changes at least this large (and larger than the runs' spread) are listed")
+		peers   = fs.Bool("peers", false, "add gVisor's stock fdbased endpoint on the TAP and the kernel's receiver over a veth pair")
+		jsonOut = fs.String("json", "", "write every run with every counter as JSON to this file")
+		csvOut  = fs.String("csv", "", "write every run with every counter as CSV to this file")
+		plotOut = fs.String("plot", "", "draw the cells (A against B, peers) to this .svg or .png file")
+		verbose = fs.Bool("v", false, "print a line per run on stderr")
+	)
+	own := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { own[f.Name] = true })
+	// Every policy switch but the dimensions applies to every ustack side.
+	var pol policy
+	pfs := flag.NewFlagSet("policy", flag.ContinueOnError)
+	pol.register(pfs)
+	pfs.VisitAll(func(f *flag.Flag) {
+		if !own[f.Name] && !matrixDimension(f.Name) {
+			fs.Var(f.Value, f.Name, f.Usage+" (every ustack side)")
+		}
+	})
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var base []string
+	fs.Visit(func(f *flag.Flag) {
+		if !own[f.Name] {
+			base = append(base, f.Name+"="+f.Value.String())
+		}
+	})
+	dims, err := parseMatrixDims(*protos, *cores, *mtus, *lros, *tunnels)
+	if err != nil {
+		return usageError{err}
+	}
+	threshold, err := parsePercent(*thresh)
+	if err != nil {
+		return usageError{err}
+	}
+	if *dur <= 0 || *dur > time.Minute || *rounds < 1 || *rounds > 50 {
+		return usageError{errors.New("want 0 < -t <= 1m and 1 <= -rounds <= 50")}
+	}
+	if *plotOut != "" && !strings.HasSuffix(*plotOut, ".svg") && !strings.HasSuffix(*plotOut, ".png") {
+		return usageError{fmt.Errorf("-plot %q: want a .svg or .png file", *plotOut)}
+	}
+	var sides []matrixSide
+	ab := *aFlag != "" || *bFlag != ""
+	if ab {
+		if *aFlag == "" || *bFlag == "" {
+			return usageError{errors.New("-a and -b go together")}
+		}
+		sides = append(sides, matrixSide{Name: "A", Kind: "ustack", Settings: splitSettings(*aFlag)},
+			matrixSide{Name: "B", Kind: "ustack", Settings: splitSettings(*bFlag)})
+	} else {
+		sides = append(sides, matrixSide{Name: "ustack", Kind: "ustack"})
+	}
+	for _, s := range sides {
+		for _, set := range s.Settings {
+			if name, _, _ := strings.Cut(strings.TrimLeft(set, "-"), "="); matrixDimension(name) {
+				dim := name
+				if name == "poll-cpu" {
+					dim = "core"
+				}
+				return usageError{fmt.Errorf("-%s %q: %s is a dimension of the matrix: narrow it with -%s", strings.ToLower(s.Name), set, name, dim)}
+			}
+		}
+		p, err := policyFromSettings(slices.Concat(base, s.Settings))
+		if err == nil {
+			_, err = p.stackConfig()
+		}
+		if err != nil {
+			return usageError{fmt.Errorf("policy %s: %w", s.Name, err)}
+		}
+	}
+	if *peers {
+		sides = append(sides, matrixSide{Name: "stock", Kind: "stock"}, matrixSide{Name: "kernel", Kind: "kernel"})
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("-matrix needs root: it builds network namespaces, a TAP and a veth pair")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cpus, err := allowedCPUs()
+	if err != nil {
+		return err
+	}
+	env := &matrixEnv{exe: exe, dur: *dur, cc: *cc, base: base, verbose: *verbose, pollCPU: cpus[0],
+		readerCPU: map[string]int{"same": cpus[0], "adjacent": -1}}
+	if len(cpus) > 1 {
+		env.readerCPU["adjacent"] = cpus[1]
+	}
+
+	rep := &matrixReport{Sides: sides, Threshold: threshold, AB: ab}
+	rep.Meta = matrixMeta{Start: start.UTC(), Command: "ustack bench " + strings.Join(args, " "), Kernel: kernelRelease(),
+		CPUs: len(cpus), Congestion: *cc, RunSeconds: dur.Seconds(), Rounds: *rounds, BaseSettings: base,
+		PollCPU: env.pollCPU, ReaderCPUs: [2]int{env.readerCPU["same"], env.readerCPU["adjacent"]},
+		Sender: "ustack send (kernel sockets) in the TAP's namespace"}
+	for _, c := range dims.Cells() {
+		cr := &matrixCellResult{Cell: c, Runs: make([][]matrixRun, len(sides))}
+		switch {
+		case c.Tunnel == "on" && benchTunnel == nil:
+			cr.Skip = "tunnel not built"
+		case env.readerCPU[c.Core] < 0:
+			cr.Skip = "one CPU: no adjacent core"
+		}
+		rep.Cells = append(rep.Cells, cr)
+	}
+
+	cl := &closerList{}
+	stopSig := testbed.CleanupOnSignal(cl)
+	defer stopSig()
+	defer cl.Close()
+	env.bed, err = testbed.NewTAPBed(testbed.TAPConfig{Prefix: "ustack-matrix", TAPName: "umxtap0", MTU: dims.MTUs[0]})
+	if err != nil {
+		return err
+	}
+	cl.add(env.bed)
+	env.mtu = dims.MTUs[0]
+	if *peers {
+		if env.rx, err = testbed.NewNetns("ustack-matrix-rx"); err != nil {
+			return err
+		}
+		cl.add(env.rx)
+		if err := testbed.NewVethPair(env.bed.NS, env.rx, "umx0", "umx1", env.mtu); err != nil {
+			return err
+		}
+		if err := env.bed.NS.IP("addr", "add", vethSend.String(), "dev", "umx0"); err != nil {
+			return err
+		}
+		if err := env.rx.IP("addr", "add", vethRecv.String(), "dev", "umx1"); err != nil {
+			return err
+		}
+	}
+	printMatrixHeader(os.Stdout, env, rep, dims)
+
+	err = runMatrix(env, rep, dims, *rounds)
+	rep.Meta.WallSeconds = time.Since(start).Seconds()
+	if perr := rep.Print(os.Stdout); perr != nil && err == nil {
+		err = perr
+	}
+	fmt.Printf("\nwall time %s\n", time.Since(start).Round(time.Second))
+	if *jsonOut != "" {
+		err = errors.Join(err, writeFile(*jsonOut, rep.WriteJSON))
+	}
+	if *csvOut != "" {
+		err = errors.Join(err, writeFile(*csvOut, rep.WriteCSV))
+	}
+	if *plotOut != "" {
+		err = errors.Join(err, writeMatrixPlot(*plotOut, rep))
+	}
+	return err
+}
+
+// matrixDimension reports whether a policy switch is set by the matrix's
+// cells rather than by -a, -b or the command line.
+func matrixDimension(name string) bool {
+	switch name {
+	case "mtu", "lro", "poll-cpu", "tunnel":
+		return true
+	}
+	return false
+}
+
+// runMatrix measures every cell that is not skipped: MTU by MTU (the TAP's
+// MTU changes between them), and in each cell rounds rounds of the sides
+// in turn. It stops early after maxFailures failed runs in a row.
+func runMatrix(env *matrixEnv, rep *matrixReport, dims matrixDims, rounds int) error {
+	const maxFailures = 5
+	order := make([]int, 0, len(rep.Cells))
+	total := 0
+	for i, c := range rep.Cells {
+		if c.Skip != "" {
+			continue
+		}
+		order = append(order, i)
+		total += rounds * len(env.sidesFor(rep, c.Cell))
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		ca, cb := rep.Cells[a].Cell, rep.Cells[b].Cell
+		if d := slices.Index(dims.MTUs, ca.MTU) - slices.Index(dims.MTUs, cb.MTU); d != 0 {
+			return d
+		}
+		return strings.Compare(ca.Tunnel, cb.Tunnel)
+	})
+	prog := newProgress(total)
+	defer prog.Done()
+	failures := 0
+	for n, ci := range order {
+		c := rep.Cells[ci]
+		if err := env.setMTU(c.Cell.MTU); err != nil {
+			return err
+		}
+		for r := 1; r <= rounds; r++ {
+			for _, si := range env.sidesFor(rep, c.Cell) {
+				side := rep.Sides[si]
+				prog.Show(c.Cell.Label(), n+1, len(order), r, rounds, side.Name)
+				run := env.run(c.Cell, side, r)
+				prog.Step()
+				c.Runs[si] = append(c.Runs[si], run)
+				if env.verbose || run.Error != "" {
+					prog.Done()
+					msg := fmt.Sprintf("%.2f %s, rx CPU %.3f s/GB, set-up %.0f ms", run.Value, run.Unit, run.RxCPUPerGB, run.SetupSeconds*1000)
+					if run.Error != "" {
+						msg = "failed: " + run.Error
+					}
+					fmt.Fprintf(os.Stderr, "%s | %s round %d: %s\n", c.Cell.Label(), side.Name, r, msg)
+				}
+				if run.Error == "" {
+					failures = 0
+				} else if failures++; failures >= maxFailures {
+					return fmt.Errorf("%d runs failed in a row, the last: %s", failures, run.Error)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// matrixEnv is what the runs share: the TAP bed, the kernel peer's
+// namespace, the sender and the CPUs.
+type matrixEnv struct {
+	bed       *testbed.TAPBed
+	rx        *testbed.Netns // the kernel peer's receiver namespace; nil without -peers
+	mtu       int            // the links' MTU now
+	exe       string
+	dur       time.Duration
+	cc        string
+	base      []string // policy settings of every ustack side
+	pollCPU   int
+	readerCPU map[string]int // by core value; -1: not available
+	verbose   bool
+}
+
+// sidesFor lists the indexes of the sides that run in cell: the peers do
+// not run in tunnel cells (they have no decap).
+func (e *matrixEnv) sidesFor(rep *matrixReport, cell matrixCell) []int {
+	var out []int
+	for i, s := range rep.Sides {
+		if s.Peer() && cell.Tunnel == "on" {
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// setMTU sets the MTU of the TAP and of the veth pair.
+func (e *matrixEnv) setMTU(mtu int) error {
+	if mtu == e.mtu {
+		return nil
+	}
+	m := strconv.Itoa(mtu)
+	if err := e.bed.NS.IP("link", "set", "dev", e.bed.TAPName, "mtu", m); err != nil {
+		return err
+	}
+	e.bed.MTU = mtu
+	if e.rx != nil {
+		if err := e.bed.NS.IP("link", "set", "dev", "umx0", "mtu", m); err != nil {
+			return err
+		}
+		if err := e.rx.IP("link", "set", "dev", "umx1", "mtu", m); err != nil {
+			return err
+		}
+	}
+	e.mtu = mtu
+	return nil
+}
+
+// run measures one side in one cell once.
+func (e *matrixEnv) run(cell matrixCell, side matrixSide, round int) matrixRun {
+	r := matrixRun{Cell: cell.Label(), Proto: cell.Proto.Name, Core: cell.Core, MTU: cell.MTU, LRO: cell.LRO, Tunnel: cell.Tunnel,
+		Side: side.Name, Round: round, Unit: cell.Proto.Unit(), PollCPU: -1, ReaderCPU: e.readerCPU[cell.Core]}
+	if err := e.measure(cell, side, &r); err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+// measure builds the side's receiver, runs the sender and fills r.
+func (e *matrixEnv) measure(cell matrixCell, side matrixSide, r *matrixRun) error {
+	setup := time.Now()
+	var sk sink
+	defer sk.close()
+	var rc receiver
+	var err error
+	switch side.Kind {
+	case "ustack", "stock":
+		rc, err = e.stackReceiver(cell, side, r, &sk)
+	case "kernel":
+		rc, err = e.kernelReceiver(cell, &sk)
+	default:
+		err = fmt.Errorf("unknown side kind %q", side.Kind)
+	}
+	if err != nil {
+		return err
+	}
+	defer rc.close()
+	r.SetupSeconds = time.Since(setup).Seconds()
+	// The kernel's side of the link toward the receiver: its tx drops are
+	// what the receiver did not take in time (the TAP's queue was full).
+	link0, err := linkStats(e.bed.NS, rc.linkDev)
+	if err != nil {
+		return err
+	}
+
+	args := []string{"send", "-addr", rc.dst.String(), "-t", e.dur.String()}
+	if cell.Proto.UDP {
+		args = append(args, "-mode", "udp", "-size", strconv.Itoa(cell.Proto.Size), "-gso", strconv.Itoa(udpGSO(cell.Proto.Size)))
+	} else {
+		args = append(args, "-cc", e.cc, "-w", strconv.Itoa(cell.Proto.Size))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.dur+30*time.Second)
+	defer cancel()
+	cmd := e.bed.NS.Exec(ctx, e.exe, args...)
+	// If this process dies, so does the sender.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	ru0, sys0 := rusage(), machineCPU()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	var res sendResult
+	if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
+		return fmt.Errorf("sender output %q: %v", out.String(), err)
+	}
+	if res.Seconds <= 0 {
+		return fmt.Errorf("sender output %q: no sending time", out.String())
+	}
+	if cell.Proto.UDP {
+		sk.settle(3 * time.Second)
+	} else {
+		// Everything sent must arrive before the figures are taken.
+		deadline := time.Now().Add(10 * time.Second)
+		for sk.n.Load() < uint64(res.Bytes) && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	ru1, sys1 := rusage(), machineCPU()
+	got := int64(sk.n.Load())
+	r.Bytes, r.SentBytes, r.Seconds, r.Congestion = got, res.Bytes, res.Seconds, res.Congestion
+	r.RxCPUSeconds, r.MachineCPUSeconds = (ru1 - ru0).Seconds(), sys1-sys0
+	if got > 0 {
+		gb := float64(got) / 1e9
+		r.RxCPUPerGB, r.MachineCPUPerGB = r.RxCPUSeconds/gb, r.MachineCPUSeconds/gb
+	}
+	r.Counters = map[string]uint64{}
+	rc.counters(r)
+	if link1, err := linkStats(e.bed.NS, rc.linkDev); err == nil {
+		for _, k := range slices.Sorted(maps.Keys(link1)) {
+			addCounter(r, k, link1[k]-link0[k])
+		}
+	}
+	if cell.Proto.UDP {
+		r.DatagramsSent = res.Datagrams
+		r.DatagramsReceived = got / int64(cell.Proto.Size)
+		r.Value = float64(r.DatagramsReceived) / res.Seconds
+		if got == 0 {
+			return errors.New("no datagram arrived")
+		}
+		return nil
+	}
+	r.Value = float64(got) * 8 / res.Seconds / 1e6
+	if got != res.Bytes {
+		return fmt.Errorf("received %d bytes, sender wrote %d", got, res.Bytes)
+	}
+	return nil
+}
+
+// receiver is one side's receiving end in a run.
+type receiver struct {
+	dst      netip.AddrPort     // where the sender sends
+	linkDev  string             // the kernel's device toward it, in the bed's namespace
+	counters func(r *matrixRun) // adds the receiver's counters to r.Counters
+	close    func()             // stops it (after its sockets are closed)
+}
+
+// addCounter adds a counter to r, keeping the order it was added in.
+func addCounter(r *matrixRun, name string, v uint64) {
+	r.Counters[name] = v
+	r.order = append(r.order, name)
+}
+
+// stackReceiver builds a ustack side's stack (or gVisor's stock endpoint)
+// on the bed's TAP with the cell's policy and its reader: TCP discard, a
+// UDP train socket (stock: a gVisor UDP socket).
+func (e *matrixEnv) stackReceiver(cell matrixCell, side matrixSide, r *matrixRun, sk *sink) (receiver, error) {
+	row := benchRow{stock: side.Kind == "stock", pol: policy{mtu: cell.MTU}}
+	if !row.stock {
+		settings := slices.Concat(e.base, []string{"mtu=" + strconv.Itoa(cell.MTU), "lro=" + cell.LRO, "poll-cpu=" + strconv.Itoa(e.pollCPU)}, side.Settings)
+		if cell.Tunnel == "on" {
+			settings = append(settings, benchTunnelSettings...)
+		}
+		var err error
+		if row.pol, err = policyFromSettings(settings); err != nil {
+			return receiver{}, err
+		}
+		r.Policy = strings.Join(slices.Concat(e.base, side.Settings), " ")
+		r.PollCPU = e.pollCPU
+	}
+	var st *benchTarget
+	addr, untunnel := e.bed.StackAddr4.Addr(), func() {}
+	var err error
+	if row.stock {
+		st, err = benchStack(e.bed, row)
+	} else {
+		st, addr, untunnel, err = e.ustack(row.pol, cell.Tunnel == "on")
+	}
+	if err != nil {
+		return receiver{}, err
+	}
+	rc := receiver{dst: netip.AddrPortFrom(addr, matrixPort), linkDev: e.bed.TAPName, close: func() { st.Close(); untunnel() }}
+	cpu := e.readerCPU[cell.Core]
+	var trains *stack.TrainConn
+	switch {
+	case !cell.Proto.UDP:
+		l, err := st.ListenTCP(rc.dst)
+		if err == nil {
+			sk.serve(l, cpu)
+		}
+	case row.stock:
+		var pc net.PacketConn
+		if pc, err = st.ListenUDP(rc.dst); err == nil {
+			sk.add(pc)
+			sk.read(cpu, func(b []byte) (int, error) { n, _, err := pc.ReadFrom(b); return n, err })
+		}
+	default:
+		if trains, err = st.ListenUDPTrains(rc.dst); err == nil {
+			sk.add(trains)
+			sk.read(cpu, func(b []byte) (int, error) { n, _, _, err := trains.ReadTrain(b, time.Time{}); return n, err })
+		}
+	}
+	if err != nil {
+		rc.close()
+		return receiver{}, err
+	}
+	rc.counters = func(r *matrixRun) {
+		st.EachCounter(func(name string, v uint64) { addCounter(r, name, v) })
+		if trains != nil {
+			addCounter(r, "udp_train_drops", trains.Drops())
+		}
+	}
+	return rc, nil
+}
+
+// ustack builds a ustack stack with policy pol on the bed's TAP, as
+// benchStack does, and in a tunnel cell with the tunnel (benchTunnel). It
+// returns the address to send to and the tunnel's cleanup, for after the
+// stack's Close.
+func (e *matrixEnv) ustack(pol policy, tunnel bool) (st *benchTarget, dst netip.Addr, untunnel func(), err error) {
+	cfg, err := pol.stackConfig()
+	if err != nil {
+		return nil, dst, nil, err
+	}
+	cfg.Addrs = []netip.Prefix{e.bed.StackAddr4, e.bed.StackAddr6}
+	dst, untunnel = e.bed.StackAddr4.Addr(), func() {}
+	if tunnel {
+		var cleanup func()
+		if dst, cleanup, err = benchTunnel(e.bed, &cfg, false); err != nil {
+			return nil, dst, nil, fmt.Errorf("tunnel: %w", err)
+		}
+		if cleanup != nil {
+			untunnel = cleanup
+		}
+	}
+	var tap *driver.TAP
+	if err := e.bed.Open(func() (err error) {
+		tap, err = driver.OpenTAP(driver.TAPConfig{Name: e.bed.TAPName, VnetHdr: true, Offloads: true})
+		return err
+	}); err != nil {
+		if tap != nil {
+			tap.Close()
+		}
+		untunnel()
+		return nil, dst, nil, err
+	}
+	cfg.Wire = tap
+	s, err := stack.New(cfg) // closes the TAP on error
+	if err != nil {
+		untunnel()
+		return nil, dst, nil, err
+	}
+	return &benchTarget{Stack: s}, dst, untunnel, nil
+}
+
+// kernelReceiver opens the kernel peer's socket in its namespace, across
+// the veth pair: a TCP listener, or a UDP socket with UDP_GRO.
+func (e *matrixEnv) kernelReceiver(cell matrixCell, sk *sink) (receiver, error) {
+	rc := receiver{dst: netip.AddrPortFrom(vethRecv.Addr(), matrixPort), linkDev: "umx0", close: func() {}}
+	cpu := e.readerCPU[cell.Core]
+	proto := "Tcp"
+	if cell.Proto.UDP {
+		proto = "Udp"
+		uc, err := e.rx.ListenUDP(rc.dst)
+		if err != nil {
+			return rc, err
+		}
+		sk.add(uc)
+		if err := kernelUDPGRO(uc); err != nil {
+			return rc, err
+		}
+		sk.read(cpu, uc.Read)
+	} else {
+		l, err := e.rx.ListenTCP(rc.dst)
+		if err != nil {
+			return rc, err
+		}
+		sk.serve(l, cpu)
+	}
+	snmp0, err := e.rx.SNMP(proto)
+	if err != nil {
+		return rc, err
+	}
+	rc.counters = func(r *matrixRun) {
+		snmp1, err := e.rx.SNMP(proto)
+		if err != nil {
+			return
+		}
+		for _, k := range slices.Sorted(maps.Keys(snmp1)) {
+			addCounter(r, "snmp_"+strings.ToLower(proto)+"_"+k, snmp1[k]-snmp0[k])
+		}
+	}
+	return rc, nil
+}
+
+// linkStats returns the kernel's counters of dev in ns (`ip -s link`):
+// link_rx_packets, link_tx_dropped and the like.
+func linkStats(ns *testbed.Netns, dev string) (map[string]uint64, error) {
+	out, err := ns.Output("-j", "-s", "link", "show", "dev", dev)
+	if err != nil {
+		return nil, err
+	}
+	var links []struct {
+		Stats64 map[string]map[string]uint64 `json:"stats64"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil || len(links) != 1 {
+		return nil, fmt.Errorf("ip -s link show dev %s: %q: %v", dev, out, err)
+	}
+	m := map[string]uint64{}
+	for dir, st := range links[0].Stats64 {
+		for k, v := range st {
+			m["link_"+dir+"_"+k] = v
+		}
+	}
+	return m, nil
+}
+
+// udpGSO is the number of datagrams of size bytes the sender writes at
+// once with UDP_SEGMENT: as many as fit an IPv4 datagram, at most 64 (the
+// kernel's UDP_MAX_SEGMENTS).
+func udpGSO(size int) int { return min(64, (65535-20-8)/size) }
+
+// kernelUDPGRO turns UDP_GRO on for the kernel peer's socket, so that it
+// takes GSO trains whole as ustack's train socket does, and gives it a
+// receive buffer of 8 MiB.
+func kernelUDPGRO(c *net.UDPConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("kernel peer: UDP_GRO, SO_RCVBUFFORCE: %w", serr)
+	}
+	return nil
+}
+
+// sink is the receiving end of a run: sockets read by goroutines pinned to
+// the reader's CPU, counting the bytes read.
+type sink struct {
+	n       atomic.Uint64
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	closers []io.Closer
+	closed  bool
+}
+
+// add registers a socket for close; after close it is closed at once.
+func (s *sink) add(c io.Closer) {
+	s.mu.Lock()
+	closed := s.closed
+	if !closed {
+		s.closers = append(s.closers, c)
+	}
+	s.mu.Unlock()
+	if closed {
+		c.Close()
+	}
+}
+
+// read runs read on a new goroutine locked to its OS thread and pinned to
+// cpu (unless cpu < 0) until read fails. The pinned thread exits with the
+// goroutine, so its affinity goes nowhere else.
+func (s *sink) read(cpu int, read func([]byte) (int, error)) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if cpu >= 0 {
+			driver.PinThread([]int{cpu})
+		}
+		buf := make([]byte, 256<<10)
+		for {
+			m, err := read(buf)
+			if m > 0 {
+				s.n.Add(uint64(m))
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// serve accepts connections on l and reads each as read does.
+func (s *sink) serve(l net.Listener, cpu int) {
+	s.add(l)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s.add(c)
+			s.read(cpu, c.Read)
+		}
+	}()
+}
+
+// settle waits until the byte count has not moved for 100 ms, at most max.
+func (s *sink) settle(max time.Duration) {
+	deadline := time.Now().Add(max)
+	last := s.n.Load()
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		n := s.n.Load()
+		if n == last {
+			return
+		}
+		last = n
+	}
+}
+
+// close closes the sockets and waits for the readers to finish.
+func (s *sink) close() {
+	s.mu.Lock()
+	cs := s.closers
+	s.closers, s.closed = nil, true
+	s.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i].Close()
+	}
+	s.wg.Wait()
+}
+
+// allowedCPUs lists the CPUs this process may run on.
+func allowedCPUs() ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	var out []int
+	for c := 0; c < 1024 && len(out) < set.Count(); c++ {
+		if set.IsSet(c) {
+			out = append(out, c)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("sched_getaffinity: no CPU")
+	}
+	return out, nil
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// printMatrixHeader says how the matrix is measured.
+func printMatrixHeader(w io.Writer, env *matrixEnv, rep *matrixReport, dims matrixDims) {
+	cells, skipped := len(rep.Cells), 0
+	for _, c := range rep.Cells {
+		if c.Skip != "" {
+			skipped++
+		}
+	}
+	var names []string
+	for _, s := range rep.Sides {
+		names = append(names, s.Name)
+	}
+	fmt.Fprintf(w, "ustack bench -matrix: %d cells (%d skipped), %v per run, %d round(s), sides interleaved per cell (%s)\n",
+		cells, skipped, env.dur, rep.Meta.Rounds, strings.Join(names, " "))
+	fmt.Fprintf(w, "sender: ustack send in netns %s (kernel sockets), TCP congestion control %s (asked per socket; the cc column is what the socket reported), UDP with UDP_SEGMENT (%d per write at 64 B, %d at 1400 B)\n",
+		env.bed.NS.Name, env.cc, udpGSO(64), udpGSO(1400))
+	fmt.Fprintf(w, "receiver: a fresh stack per run on TAP %s; poll loop pinned to CPU %d, application reader (TCP discard, UDP train socket) locked to its thread on CPU %d (core same) or %d (core adjacent); TCP in Mbit/s, UDP in datagrams/s received; medians (min-max); CPU s/GB: this process (rx) and the machine\n",
+		env.bed.TAPName, env.pollCPU, env.readerCPU["same"], env.readerCPU["adjacent"])
+	if len(env.base) > 0 {
+		fmt.Fprintf(w, "every ustack side: %s\n", strings.Join(env.base, " "))
+	}
+	for _, s := range rep.Sides {
+		switch s.Kind {
+		case "ustack":
+			if rep.AB {
+				fmt.Fprintf(w, "%s: %s\n", s.Name, strings.Join(s.Settings, " "))
+			}
+		case "stock":
+			fmt.Fprintln(w, "stock: gVisor's stock fdbased endpoint on the same TAP (no vnet header, no offloads); reader pinned, its dispatcher not")
+		case "kernel":
+			fmt.Fprintf(w, "kernel: the kernel's TCP/UDP (UDP_GRO) receiver in netns %s over a veth pair from the sender's namespace; reader pinned, softirq not\n", env.rx.Name)
+		}
+	}
+	fmt.Fprintln(w)
+}

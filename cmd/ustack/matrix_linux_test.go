@@ -1,0 +1,95 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestIsMatrix(t *testing.T) {
+	for args, want := range map[string]bool{
+		"-matrix":                  true,
+		"-t 1s --matrix -mtu 1500": true,
+		"-matrix=true":             true,
+		"-matrix=false":            false,
+		"-t 1s":                    false,
+		"-- -matrix":               false,
+		"-pool":                    false,
+	} {
+		if got := isMatrix(strings.Fields(args)); got != want {
+			t.Errorf("isMatrix(%q) = %v, want %v", args, got, want)
+		}
+	}
+}
+
+func TestMatrixFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-matrix", "-a", "gro=off"},                  // -b missing
+		{"-matrix", "-a", "lro=off", "-b", "lro=on"},  // a dimension
+		{"-matrix", "-a", "nosuch=1", "-b", "gro=on"}, // no such switch
+		{"-matrix", "-a", "hds=0", "-b", "gro=on"},    // a bad value
+		{"-matrix", "-proto", "sctp"},                 // no such workload
+		{"-matrix", "-threshold", "ten"},              // not a percentage
+		{"-matrix", "-plot", "x.jpg"},                 // not svg or png
+		{"-matrix", "-mtu", "1500", "-poll-cpu", "1"}, // a dimension
+	} {
+		err := matrixCmd(args)
+		var ue usageError
+		if err == nil || !errors.As(err, &ue) {
+			t.Errorf("matrixCmd(%q) = %v, want a usage error", args, err)
+		}
+	}
+}
+
+// TestMatrixRun runs one cell, A against B, and checks the JSON and that
+// no namespace is left.
+func TestMatrixRun(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
+	}
+	// The matrix runs `ustack send` from os.Executable: build the command.
+	bin := filepath.Join(t.TempDir(), "ustack")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Skipf("cannot build ustack (%v): %s", err, out)
+	}
+	js := filepath.Join(t.TempDir(), "m.json")
+	cmd := exec.Command(bin, "bench", "-matrix", "-t", "300ms", "-rounds", "1", "-mtu", "1500", "-proto", "tcp64k,udp64",
+		"-lro", "on", "-tunnel", "off,on", "-core", "same", "-a", "hds=256", "-b", "hds=auto", "-json", js)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var got matrixJSON
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Runs) != 4 {
+		t.Fatalf("got %d runs, want 4 (2 cells x A, B):\n%s", len(got.Runs), out)
+	}
+	for _, r := range got.Runs {
+		if r.Error != "" || r.Value <= 0 || r.Bytes <= 0 || len(r.Counters) == 0 {
+			t.Errorf("run %s %s: value %v, %d bytes, %d counters, error %q", r.Cell, r.Side, r.Value, r.Bytes, len(r.Counters), r.Error)
+		}
+		if r.Proto == "tcp64k" && (r.Bytes != r.SentBytes || r.Congestion != "cubic") {
+			t.Errorf("run %s %s: %d of %d bytes, cc %q", r.Cell, r.Side, r.Bytes, r.SentBytes, r.Congestion)
+		}
+	}
+	if len(got.Skipped) != 2 {
+		t.Errorf("skipped %v, want the 2 tunnel cells", got.Skipped)
+	}
+	if !strings.Contains(string(out), "TCP 64-Kbyte, core same, MTU 1500, LRO on, tunnel off") {
+		t.Errorf("no table:\n%s", out)
+	}
+	ns, _ := exec.Command("ip", "netns", "list").Output()
+	if strings.Contains(string(ns), "ustack-matrix") {
+		t.Errorf("namespaces left: %s", ns)
+	}
+}
