@@ -190,14 +190,19 @@ func TestReadingReleasesPages(t *testing.T) {
 	}
 	defer c.Close()
 	udpBurst(t, peer, dst, 8, 1000)
+	// Take the queued trains out, without reading them, until all 8
+	// datagrams are in: one arriving after the count below would add
+	// references of its own.
 	deadline := time.Now().Add(5 * time.Second)
-	for len(c.ready) == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	// Look at the queued trains' pages without reading them.
 	var queued []*bufpool.Packet
-	for len(c.ready) > 0 {
-		queued = append(queued, <-c.ready)
+	for datagrams := 0; datagrams < 8; {
+		select {
+		case p := <-c.ready:
+			queued = append(queued, p)
+			datagrams += max(1, int(p.Segs))
+		case <-time.After(time.Until(deadline)):
+			t.Fatalf("datagrams queued: got %d, want 8", datagrams)
+		}
 	}
 	refs := map[*bufpool.Page]int32{}
 	for _, p := range queued {
