@@ -303,43 +303,25 @@ func checkHash(t *testing.T, got hashResult, n int64, want [32]byte) bool {
 // with the deadline and sends the hash. If nothing connects, closing l
 // ends the wait.
 func acceptOne(l net.Listener, deadline time.Time) <-chan hashResult {
-	res := make(chan hashResult, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			res <- hashResult{err: fmt.Errorf("accept: %w", err)}
-			return
-		}
-		defer c.Close()
+	return acceptWith(l, deadline, func(c net.Conn) hashResult {
 		c.SetDeadline(deadline)
-		res <- recvHashed(progressConn{c, deadline})
-	}()
-	return res
+		return recvHashed(progressConn{c, deadline})
+	})
 }
 
 // acceptViews is acceptOne reading with ReadViews: every view is hashed in
 // place, after the next read, then released, so that a page reused too
 // early would show in the hash.
 func acceptViews(l net.Listener, deadline time.Time) <-chan hashResult {
-	res := make(chan hashResult, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			res <- hashResult{err: fmt.Errorf("accept: %w", err)}
-			return
-		}
-		defer c.Close()
+	return acceptWith(l, deadline, func(c net.Conn) hashResult {
 		tc := c.(*stack.TCPConn)
 		h := sha256.New()
 		var got hashResult
 		var prev []stack.View
 		vs := make([]stack.View, 0, 64)
+		var err error
 		for {
-			if d := time.Now().Add(stallTimeout); d.Before(deadline) {
-				tc.SetReadDeadline(d)
-			} else {
-				tc.SetReadDeadline(deadline)
-			}
+			tc.SetReadDeadline(progressConn{c, deadline}.next())
 			var n int
 			vs, n, err = tc.ReadViews(vs[:0], 1<<20)
 			// The previous read's views are hashed only now, after more
@@ -362,7 +344,22 @@ func acceptViews(l net.Listener, deadline time.Time) <-chan hashResult {
 			got.err = err
 		}
 		h.Sum(got.sum[:0])
-		res <- got
+		return got
+	})
+}
+
+// acceptWith accepts one connection on l in the background and hands it to
+// recv, whose result it yields.
+func acceptWith(l net.Listener, deadline time.Time, recv func(net.Conn) hashResult) <-chan hashResult {
+	res := make(chan hashResult, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			res <- hashResult{err: fmt.Errorf("accept: %w", err)}
+			return
+		}
+		defer c.Close()
+		res <- recv(c)
 	}()
 	return res
 }

@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -90,51 +89,8 @@ var iperf3Line = regexp.MustCompile(`(?m)^ustack: iperf3 (tcp|udp) test from \S+
 func TestIPerf3Run(t *testing.T) {
 	needRoot(t)
 	needIPerf3(t)
-	bin := ustackBinary(t)
-	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "usit-iperf3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bed.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	cmd := bed.NS.Exec(ctx, bin, "run", "-tap", bed.TAPName,
-		"-addr", bed.StackAddr4.String(), "-addr", bed.StackAddr6.String(), "-iperf3", ":5201")
-	var stdout, stderr syncBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	// Registered after the bed's cleanup, so it runs first: ustack holds
-	// the TAP open.
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-	for start := time.Now(); !strings.Contains(stderr.String(), "ustack: on "); {
-		select {
-		case <-exited:
-			t.Fatalf("ustack run exited at startup: %v\nstderr:\n%s", waitErr, stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Since(start) > 30*time.Second {
-			t.Fatalf("ustack run did not start within 30s; stderr:\n%s", stderr.String())
-		}
-	}
+	r, cmd, stdout, stderr, exited := startRunBinary(t, "usit-iperf3", "-iperf3", ":5201")
+	bed := r.bed
 
 	lines := func() int { return len(iperf3Line.FindAllStringIndex(stderr.String(), -1)) }
 	// serverLine waits for ustack's line about the n-th test (from 1).
@@ -219,18 +175,8 @@ func TestIPerf3Run(t *testing.T) {
 	}
 
 	t.Run("sigterm", func(t *testing.T) {
-		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-			t.Fatalf("ustack run did not exit within 10s of SIGTERM; stderr:\n%s", stderr.String())
-		}
-		if waitErr != nil {
-			t.Errorf("ustack run after SIGTERM: got %v, want exit status 0; stderr:\n%s", waitErr, stderr.String())
+		if err := terminate(t, cmd, exited, stderr, 10*time.Second); err != nil {
+			t.Errorf("ustack run after SIGTERM: got %v, want exit status 0; stderr:\n%s", err, stderr.String())
 		}
 		if !strings.Contains(stdout.String(), "NIC statistics:") {
 			t.Errorf("no final counters on stdout:\n%s", stdout.String())

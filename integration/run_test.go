@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -89,58 +88,10 @@ var rxPacketsLine = regexp.MustCompile(`(?m)^\s+rx_packets: (\d+)$`)
 // counters.
 func TestRunBinary(t *testing.T) {
 	needRoot(t)
-	bin := ustackBinary(t)
-	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "usit-run"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bed.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-
+	r, cmd, stdout, stderr, exited := startRunBinary(t, "usit-run", "-discard", ":9", "-echo", ":7", "-stats", "1s")
+	bed := r.bed // the stack is the binary's
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	cmd := bed.NS.Exec(ctx, bin, "run", "-tap", bed.TAPName,
-		"-addr", bed.StackAddr4.String(), "-addr", bed.StackAddr6.String(),
-		"-discard", ":9", "-echo", ":7", "-stats", "1s")
-	var stdout, stderr syncBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// `ip netns exec` execs the command in place: cmd.Process is ustack.
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	// Registered after the bed's cleanup, so that it runs first: the
-	// process holds the TAP open.
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-
-	// Wait for the startup line.
-	for start := time.Now(); !strings.Contains(stderr.String(), "ustack: on "); {
-		select {
-		case <-exited:
-			t.Fatalf("ustack run exited at startup: %v\nstderr:\n%s", waitErr, stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Since(start) > 30*time.Second {
-			t.Fatalf("ustack run did not start within 30s; stderr:\n%s", stderr.String())
-		}
-	}
-
-	r := &rig{bed: bed} // for the address helpers; the stack is the binary's
 	families := []bool{false, true}
 	for _, v6 := range families {
 		t.Run("ping/"+family(v6), func(t *testing.T) {
@@ -223,18 +174,8 @@ func TestRunBinary(t *testing.T) {
 	})
 
 	t.Run("sigterm", func(t *testing.T) {
-		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-			t.Fatalf("ustack run did not exit within 5s of SIGTERM; stderr:\n%s", stderr.String())
-		}
-		if waitErr != nil {
-			t.Errorf("ustack run after SIGTERM: got %v, want exit status 0; stderr:\n%s", waitErr, stderr.String())
+		if err := terminate(t, cmd, exited, stderr, 5*time.Second); err != nil {
+			t.Errorf("ustack run after SIGTERM: got %v, want exit status 0; stderr:\n%s", err, stderr.String())
 		}
 		out := stdout.String()
 		if !strings.Contains(out, "NIC statistics:\n") {

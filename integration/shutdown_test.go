@@ -201,19 +201,9 @@ func TestShutdownSIGTERM(t *testing.T) {
 	}) {
 		t.Fatalf("senders wrote %d bytes in a minute, want 32 MB", written)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
 	tl.faults.Add(1)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("ustack run after SIGTERM mid-transfer: got %v, want exit status 0; stderr:\n%s", err, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-		<-exited
-		t.Fatalf("ustack run did not exit within 15s of SIGTERM; stderr:\n%s", stderr.String())
+	if err := terminate(t, cmd, exited, stderr, 15*time.Second); err != nil {
+		t.Errorf("ustack run after SIGTERM mid-transfer: got %v, want exit status 0; stderr:\n%s", err, stderr.String())
 	}
 	for _, s := range senders {
 		s.c.SetLinger(0)
@@ -287,4 +277,22 @@ func startRunBinary(t *testing.T, prefix string, flags ...string) (r *rig, cmd *
 		}
 	}
 	return &rig{bed: bed}, cmd, stdout, stderr, ch
+}
+
+// terminate sends SIGTERM to a process of startRunBinary and returns its
+// exit's error; it fails the test if the process takes longer than d.
+func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *syncBuffer, d time.Duration) error {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		return err
+	case <-time.After(d):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("ustack run did not exit within %v of SIGTERM; stderr:\n%s", d, stderr.String())
+		return nil
+	}
 }

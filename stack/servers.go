@@ -15,18 +15,21 @@ const serverBufSize = 256 << 10
 // they send (RFC 863), adding the byte count to n if n is not nil. It returns
 // when l is closed, after every connection handler has finished.
 func ServeDiscard(l net.Listener, n *atomic.Uint64) error {
-	return serve(l, func(c net.Conn) {
-		buf := make([]byte, serverBufSize)
-		for {
-			m, err := c.Read(buf)
-			if n != nil && m > 0 {
-				n.Add(uint64(m))
-			}
-			if err != nil {
-				return
-			}
+	return serve(l, func(c net.Conn) { discard(c, n) })
+}
+
+// discard reads c until an error, counting into n.
+func discard(c net.Conn, n *atomic.Uint64) {
+	buf := make([]byte, serverBufSize)
+	for {
+		m, err := c.Read(buf)
+		if n != nil && m > 0 {
+			n.Add(uint64(m))
 		}
-	})
+		if err != nil {
+			return
+		}
+	}
 }
 
 // ServeDiscardViews is ServeDiscard reading with TCPConn.ReadViews: the
@@ -36,16 +39,8 @@ func ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
 	return serve(l, func(c net.Conn) {
 		tc, ok := c.(*TCPConn)
 		if !ok {
-			buf := make([]byte, serverBufSize)
-			for {
-				m, err := c.Read(buf)
-				if n != nil && m > 0 {
-					n.Add(uint64(m))
-				}
-				if err != nil {
-					return
-				}
-			}
+			discard(c, n)
+			return
 		}
 		vs := make([]View, 0, 256)
 		var sink byte
