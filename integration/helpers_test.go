@@ -79,7 +79,12 @@ func newRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 // Poison on.
 func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 	t.Helper()
-	dc := sc.Driver
+	return newBedRig(t, newBed(t, prefix, mtu), mtu, sc)
+}
+
+// newBed builds a TAP bed that cleanup removes.
+func newBed(t *testing.T, prefix string, mtu int) *testbed.TAPBed {
+	t.Helper()
 	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix, MTU: mtu})
 	if err != nil {
 		t.Fatal(err)
@@ -89,6 +94,13 @@ func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 			t.Error(err)
 		}
 	})
+	return bed
+}
+
+// newBedRig is newRigConfig on a bed of the caller's.
+func newBedRig(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config) *rig {
+	t.Helper()
+	dc := sc.Driver
 	// The pool of sc.Pool (limits, recycling), always poisoning.
 	pc := sc.Pool
 	pc.Poison = true

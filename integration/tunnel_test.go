@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack"
@@ -21,35 +20,12 @@ import (
 // tunnel with the bed.
 func newTunnelRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 	t.Helper()
-	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix, MTU: mtu})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bed.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	bed := newBed(t, prefix, mtu)
 	tun, err := bed.PlanIP6Tunnel(testbed.IP6TunnelConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc.MTU = mtu
-	dc.Pool = pool
-	var tap *driver.TAP
-	if err := bed.Open(func() (err error) {
-		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := stack.New(stack.Config{
-		Wire:   tap,
-		Addrs:  []netip.Prefix{bed.StackAddr4, bed.StackAddr6},
+	r := newBedRig(t, bed, mtu, stack.Config{
 		Driver: dc,
 		Tunnel: &stack.TunnelConfig{
 			Local:   tun.StackOuter,
@@ -58,13 +34,9 @@ func newTunnelRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 			Addrs:   []netip.Prefix{tun.StackInner4, tun.StackInner6},
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	view := *bed
 	view.StackAddr4, view.StackAddr6 = tun.StackInner4, tun.StackInner6
-	r := &rig{bed: &view, st: st}
-	t.Cleanup(func() { r.close(t) })
+	r.bed = &view
 	if err := tun.Add(); err != nil {
 		t.Fatal(err)
 	}
