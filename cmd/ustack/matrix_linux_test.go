@@ -71,19 +71,22 @@ func TestMatrixRun(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Runs) != 4 {
-		t.Fatalf("got %d runs, want 4 (2 cells x A, B):\n%s", len(got.Runs), out)
+	if len(got.Runs) != 8 {
+		t.Fatalf("got %d runs, want 8 (4 cells x A, B):\n%s", len(got.Runs), out)
 	}
 	for _, r := range got.Runs {
 		if r.Error != "" || r.Value <= 0 || r.Bytes <= 0 || len(r.Counters) == 0 {
 			t.Errorf("run %s %s: value %v, %d bytes, %d counters, error %q", r.Cell, r.Side, r.Value, r.Bytes, len(r.Counters), r.Error)
 		}
+		if decap := r.Counters["rx_tunnel_decap"]; strings.Contains(r.Cell, "tunnel on") != (decap > 0) {
+			t.Errorf("run %s %s: rx_tunnel_decap %d", r.Cell, r.Side, decap)
+		}
 		if r.Proto == "tcp64k" && (r.Bytes != r.SentBytes || r.Congestion != "cubic") {
 			t.Errorf("run %s %s: %d of %d bytes, cc %q", r.Cell, r.Side, r.Bytes, r.SentBytes, r.Congestion)
 		}
 	}
-	if len(got.Skipped) != 2 {
-		t.Errorf("skipped %v, want the 2 tunnel cells", got.Skipped)
+	if len(got.Skipped) != 0 {
+		t.Errorf("skipped %v, want none", got.Skipped)
 	}
 	if !strings.Contains(string(out), "TCP 64-Kbyte, core same, MTU 1500, LRO on, tunnel off") {
 		t.Errorf("no table:\n%s", out)
