@@ -64,6 +64,7 @@ const (
 // shampoStats are the hardware GRO counters.
 type shampoStats struct {
 	starts, sessions, packets, frags, payload, mappable, resvBytes, resvUsed atomic.Uint64
+	hdrEntries, hdrBytes                                                     atomic.Uint64
 }
 
 func (s *shampoStats) each(fn func(string, uint64)) {
@@ -75,6 +76,8 @@ func (s *shampoStats) each(fn func(string, uint64)) {
 	fn("rx_gro_hw_mappable_bytes", s.mappable.Load())
 	fn("rx_gro_hw_resv_bytes", s.resvBytes.Load())
 	fn("rx_gro_hw_resv_used_bytes", s.resvUsed.Load())
+	fn("rx_gro_hw_hdr_entries", s.hdrEntries.Load())
+	fn("rx_gro_hw_hdr_bytes", s.hdrBytes.Load())
 }
 
 // pageSet is a run of pages addressed as one buffer: a WQE or a SHAMPO
@@ -197,6 +200,8 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	cqe := &d.cq[n.prod&d.mask]
 	hi := n.prod & d.mask // one header entry per CQE: freed when the CQE is
 	copy(d.headers[int(hi)*shampoHeaderEntry:], hdr)
+	d.shampo.hdrEntries.Add(1)
+	d.shampo.hdrBytes.Add(uint64(len(hdr)))
 	cqe.ByteCount = uint32(len(hdr) + len(payload))
 	cqe.Info = *n.info
 	cqe.Csum = n.csum

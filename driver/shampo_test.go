@@ -129,11 +129,20 @@ func TestHWGROSessionBreaks(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	var hdrEntries, hdrBytes uint64
 	d.EachHWGRO(func(name string, v uint64) {
-		if name == "rx_gro_hw_session_starts" {
+		switch name {
+		case "rx_gro_hw_session_starts":
 			starts = v
+		case "rx_gro_hw_hdr_entries":
+			hdrEntries = v
+		case "rx_gro_hw_hdr_bytes":
+			hdrBytes = v
 		}
 	})
+	if hdrEntries != 7 || hdrBytes != 7*66 {
+		t.Errorf("header buffer: %d entries, %d bytes; want 7 and 7*66 (Ethernet, IPv4, TCP with timestamps per frame)", hdrEntries, hdrBytes)
+	}
 	if starts != 5 {
 		t.Errorf("sessions started: got %d, want 5 (flow change, flow back, gap, after PSH, and the first)", starts)
 	}
