@@ -440,3 +440,47 @@ func BenchmarkTCPRead(b *testing.B) {
 		})
 	}
 }
+
+// TestReadViewsClose: Close while ReadViews waits wakes it with an error,
+// and Close itself returns.
+func TestReadViewsClose(t *testing.T) {
+	rx, peer := pairConfig(t, Config{ZeroCopy: true})
+	addr := netip.MustParseAddrPort("192.0.2.1:13")
+	l, err := rx.ListenTCP(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc, err := peer.DialTCP(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	c := acceptTCP(t, l)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := c.ReadViews(nil, 100)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it block
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("ReadViews on a closed connection: got nil error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ReadViews still waiting 10 s after Close")
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+}
