@@ -9,11 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"time"
-
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
-	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // omitTimer marks the end of the omitted seconds: what the streams counted
@@ -194,25 +189,6 @@ func iperf3ReadJSON(r io.Reader, v any) error {
 		return err
 	}
 	return json.Unmarshal(b, v)
-}
-
-// listenUDPBuffer is ListenUDP with a receive buffer of size bytes.
-func (s *Stack) listenUDPBuffer(addr netip.AddrPort, size int64) (net.PacketConn, error) {
-	fa, proto := s.fullAddr(addr)
-	if addr.Addr().IsUnspecified() {
-		fa.Addr = tcpip.Address{}
-	}
-	var wq waiter.Queue
-	ep, e := s.ip.NewEndpoint(udp.ProtocolNumber, proto, &wq)
-	if e != nil {
-		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
-	}
-	ep.SocketOptions().SetReceiveBufferSize(size, true)
-	if e := ep.Bind(fa); e != nil {
-		ep.Close()
-		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
-	}
-	return &packetConn{PacketConn: gonet.NewUDPConn(&wq, ep)}, nil
 }
 
 // addrPortOf returns a's address and port if it is a TCP or UDP address.

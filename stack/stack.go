@@ -368,15 +368,29 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 
 // ListenUDP binds a UDP socket to addr.
 func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
+	return s.listenUDPBuffer(addr, 0)
+}
+
+// listenUDPBuffer is ListenUDP with a receive buffer of size bytes (0:
+// gVisor's default).
+func (s *Stack) listenUDPBuffer(addr netip.AddrPort, size int64) (net.PacketConn, error) {
 	fa, proto := s.fullAddr(addr)
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
-	c, err := gonet.DialUDP(s.ip, &fa, nil, proto)
-	if err != nil {
-		return nil, fmt.Errorf("listen udp %s: %w", addr, err)
+	var wq waiter.Queue
+	ep, e := s.ip.NewEndpoint(udp.ProtocolNumber, proto, &wq)
+	if e != nil {
+		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
 	}
-	return &packetConn{PacketConn: c}, nil
+	if size > 0 {
+		ep.SocketOptions().SetReceiveBufferSize(size, true)
+	}
+	if e := ep.Bind(fa); e != nil {
+		ep.Close()
+		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
+	}
+	return &packetConn{PacketConn: gonet.NewUDPConn(&wq, ep)}, nil
 }
 
 // Close stops the driver and the gVisor stack. Every RX page is back in the
