@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -123,6 +124,11 @@ func TestTunnelRx(t *testing.T) {
 				t.Errorf("linear part: got %d bytes, want %d", c.linears[0], want)
 			}
 			st := d.Stats()
+			// The poll loop adds its byte counters after it handed the
+			// batch up: wait for them.
+			for end := time.Now().Add(5 * time.Second); st.HDSBytes.Load() == 0 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
 			if got := st.TunnelDecap.Load(); got != 1 {
 				t.Errorf("rx_tunnel_decap: got %d, want 1", got)
 			}
