@@ -144,12 +144,17 @@ func (c cpuProgram) String() string                    { return "cpu:" + strconv
 type dropPortProgram uint16
 
 func (d dropPortProgram) Run(p *bufpool.Packet) (Action, int) {
-	var f flow
-	b := p.Linear
-	if parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == uint16(d) {
+	if toPort(p, uint16(d)) {
 		return Drop, 0
 	}
 	return Pass, 0
+}
+
+// toPort reports whether p is TCP or UDP to destination port.
+func toPort(p *bufpool.Packet, port uint16) bool {
+	var f flow
+	b := p.Linear
+	return parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == port
 }
 
 func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(int(d)) }
@@ -160,9 +165,7 @@ func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(in
 type xskPortProgram uint16
 
 func (x xskPortProgram) Run(p *bufpool.Packet) (Action, int) {
-	var f flow
-	b := p.Linear
-	if parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == uint16(x) {
+	if toPort(p, uint16(x)) {
 		return RedirectXSK, 0
 	}
 	return Pass, 0

@@ -98,8 +98,7 @@ type TCPConn struct {
 	cur      *bufpool.Page // the copy page being filled, one reference
 	curOff   int
 
-	stats    ViewStats
-	reported ViewStats // what the stack's totals have of stats
+	stats ViewStats
 }
 
 func newTCPConn(s *Stack, wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
@@ -191,13 +190,12 @@ type viewTotals struct {
 	mapped, page, copied, views atomic.Uint64
 }
 
-// add adds what st gained since last to the totals.
-func (t *viewTotals) add(st, last *ViewStats) {
-	t.mapped.Add(st.MappedBytes - last.MappedBytes)
-	t.page.Add(st.PageBytes - last.PageBytes)
-	t.copied.Add(st.CopiedBytes - last.CopiedBytes)
-	t.views.Add(st.Views - last.Views)
-	*last = *st
+// add adds one read's counts to the totals.
+func (t *viewTotals) add(st ViewStats) {
+	t.mapped.Add(st.MappedBytes)
+	t.page.Add(st.PageBytes)
+	t.copied.Add(st.CopiedBytes)
+	t.views.Add(st.Views)
 }
 
 func (t *viewTotals) each(fn func(string, uint64)) {
@@ -229,8 +227,13 @@ func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
 	if _, ok := err.(*tcpip.ErrWouldBlock); ok {
 		res, err = c.waitRead()
 	}
-	vs = c.w.views
+	vs, got := c.w.views, c.w.got
 	c.w = viewWriter{}
+	c.stats.MappedBytes += got.MappedBytes
+	c.stats.PageBytes += got.PageBytes
+	c.stats.CopiedBytes += got.CopiedBytes
+	c.stats.Views += got.Views
+	c.s.views.add(got)
 	if err != nil {
 		if _, ok := err.(*tcpip.ErrClosedForReceive); ok {
 			return vs, 0, io.EOF
@@ -242,7 +245,6 @@ func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
 	}
 	if res.Count > 0 {
 		c.ep.ModerateRecvBuf(res.Count)
-		c.s.views.add(&c.stats, &c.reported)
 	}
 	return vs, res.Count, nil
 }
@@ -330,6 +332,7 @@ type viewWriter struct {
 	c     *TCPConn
 	views []View
 	left  int
+	got   ViewStats // this read's counts
 }
 
 // Write takes b (or the part of it that fits in what ReadViews may still
@@ -339,7 +342,7 @@ func (w *viewWriter) Write(b []byte) (int, error) {
 	if n == 0 {
 		return 0, io.ErrShortWrite
 	}
-	st := &w.c.stats
+	st := &w.got
 	rest := b[:n]
 	if m := w.c.s.chunks(); m != nil {
 		if v := m.view(rest); v != nil {

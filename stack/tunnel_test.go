@@ -17,48 +17,18 @@ import (
 // other's driver.
 func tunnelPair(t *testing.T, dc driver.Config, zeroCopy bool) (rx, peer *Stack) {
 	t.Helper()
-	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	pc := bufpool.Config{Poison: true, RingSize: 1 << 15}
-	if zeroCopy {
-		pc.Memory = newViewMemory()
-	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc.Pool = pool
 	outerRX, outerPeer := netip.MustParseAddr("2001:db8::11"), netip.MustParseAddr("2001:db8::12")
-	rx, err = New(Config{
-		Wire:     a,
+	return newPair(t, Config{
 		Addrs:    []netip.Prefix{netip.MustParsePrefix("2001:db8::1/64")},
-		MAC:      [6]byte{2, 0, 0, 0, 0, 1},
 		Driver:   dc,
 		ZeroCopy: zeroCopy,
 		Tunnel: &TunnelConfig{Local: outerRX, Remote: outerPeer, Addrs: []netip.Prefix{
 			netip.MustParsePrefix("10.78.0.2/24"), netip.MustParsePrefix("fd78::2/64")}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err = New(Config{
-		Wire:  b,
+	}, Config{
 		Addrs: []netip.Prefix{netip.MustParsePrefix("2001:db8::2/64")},
-		MAC:   [6]byte{2, 0, 0, 0, 0, 2},
 		Tunnel: &TunnelConfig{Local: outerPeer, Remote: outerRX, Addrs: []netip.Prefix{
 			netip.MustParsePrefix("10.78.0.1/24"), netip.MustParsePrefix("fd78::1/64")}},
 	})
-	if err != nil {
-		rx.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		peer.Close()
-		rx.Close()
-		if n := pool.InUse(); n != 0 {
-			t.Errorf("pages still in use after Close: got %d, want 0", n)
-		}
-	})
-	return rx, peer
 }
 
 // TestTunnelBulkMem sends a TCP stream through the tunnel, IPv4-in-IPv6 and

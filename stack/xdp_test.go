@@ -17,24 +17,33 @@ import (
 // pairConfig is pair with a whole stack configuration for the receiver.
 func pairConfig(t testing.TB, cfg Config) (rx, peer *Stack) {
 	t.Helper()
+	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")}
+	return newPair(t, cfg, Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("2001:db8::2/64")}})
+}
+
+// newPair builds the receiver rxCfg and the peer peerCfg on the two ends of
+// an in-memory wire (MACs ...:01 and ...:02). The receiver's pool poisons
+// (its pages are chunks with ZeroCopy); cleanup checks that every page came
+// back.
+func newPair(t testing.TB, rxCfg, peerCfg Config) (rx, peer *Stack) {
+	t.Helper()
 	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
 	pc := bufpool.Config{Poison: true, RingSize: 1 << 15}
-	if cfg.ZeroCopy {
+	if rxCfg.ZeroCopy {
 		pc.Memory = newViewMemory()
 	}
 	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Driver.Pool = pool
-	cfg.Wire = a
-	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")}
-	cfg.MAC = [6]byte{2, 0, 0, 0, 0, 1}
-	rx, err = New(cfg)
+	rxCfg.Driver.Pool = pool
+	rxCfg.Wire, rxCfg.MAC = a, [6]byte{2, 0, 0, 0, 0, 1}
+	rx, err = New(rxCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer, err = New(Config{Wire: b, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("2001:db8::2/64")}, MAC: [6]byte{2, 0, 0, 0, 0, 2}})
+	peerCfg.Wire, peerCfg.MAC = b, [6]byte{2, 0, 0, 0, 0, 2}
+	peer, err = New(peerCfg)
 	if err != nil {
 		rx.Close()
 		t.Fatal(err)

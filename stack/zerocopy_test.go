@@ -177,6 +177,27 @@ func TestReadViews(t *testing.T) {
 	}
 }
 
+// idleConn returns the zero-copy stack's end of a connection on which the
+// peer sends nothing.
+func idleConn(t *testing.T, port uint16) *TCPConn {
+	t.Helper()
+	rx, peer := pairConfig(t, Config{ZeroCopy: true})
+	addr := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), port)
+	l, err := rx.ListenTCP(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc, err := peer.DialTCP(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	return acceptTCP(t, l)
+}
+
 func sumLen(vs []View) int {
 	n := 0
 	for i := range vs {
@@ -188,21 +209,7 @@ func sumLen(vs []View) int {
 // TestReadViewsDeadline: ReadViews with nothing to read returns a timeout
 // at the read deadline.
 func TestReadViewsDeadline(t *testing.T) {
-	rx, peer := pairConfig(t, Config{ZeroCopy: true})
-	addr := netip.MustParseAddrPort("192.0.2.1:11")
-	l, err := rx.ListenTCP(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pc, err := peer.DialTCP(ctx, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	c := acceptTCP(t, l)
+	c := idleConn(t, 11)
 	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	vs, n, err := c.ReadViews(nil, 100)
 	var ne net.Error
@@ -444,21 +451,7 @@ func BenchmarkTCPRead(b *testing.B) {
 // TestReadViewsClose: Close while ReadViews waits wakes it with an error,
 // and Close itself returns.
 func TestReadViewsClose(t *testing.T) {
-	rx, peer := pairConfig(t, Config{ZeroCopy: true})
-	addr := netip.MustParseAddrPort("192.0.2.1:13")
-	l, err := rx.ListenTCP(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pc, err := peer.DialTCP(ctx, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	c := acceptTCP(t, l)
+	c := idleConn(t, 13)
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := c.ReadViews(nil, 100)
