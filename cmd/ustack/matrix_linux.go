@@ -504,7 +504,7 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side matrixSide, r *matrixRun
 	case !cell.Proto.UDP:
 		l, err := st.ListenTCP(rc.dst)
 		if err == nil {
-			sk.serve(l, cpu)
+			sk.serve(l, cpu, row.pol.zeroCopy == "views")
 		}
 	case row.stock:
 		var pc net.PacketConn
@@ -593,7 +593,7 @@ func (e *matrixEnv) kernelReceiver(cell matrixCell, sk *sink) (receiver, error) 
 		if err != nil {
 			return rc, err
 		}
-		sk.serve(l, cpu)
+		sk.serve(l, cpu, false)
 	}
 	snmp0, err := e.rx.SNMP(proto)
 	if err != nil {
@@ -705,8 +705,10 @@ func (s *sink) read(cpu int, read func([]byte) (int, error)) {
 	}()
 }
 
-// serve accepts connections on l and reads each as read does.
-func (s *sink) serve(l net.Listener, cpu int) {
+// serve accepts connections on l and reads each as read does: with
+// TCPConn.ReadViews, in place, if views is set and the connection is
+// ustack's.
+func (s *sink) serve(l net.Listener, cpu int, views bool) {
 	s.add(l)
 	s.wg.Add(1)
 	go func() {
@@ -717,9 +719,30 @@ func (s *sink) serve(l net.Listener, cpu int) {
 				return
 			}
 			s.add(c)
-			s.read(cpu, c.Read)
+			read := c.Read
+			if tc, ok := c.(*stack.TCPConn); ok && views {
+				read = viewReader(tc)
+			}
+			s.read(cpu, read)
 		}
 	}()
+}
+
+// viewReader returns a read function for sink.read that takes tc's bytes
+// with ReadViews, at most len(b) at a time, and touches the first byte of
+// each view before releasing it, as stack.ServeDiscardViews does.
+func viewReader(tc *stack.TCPConn) func([]byte) (int, error) {
+	vs := make([]stack.View, 0, 256)
+	return func(b []byte) (int, error) {
+		var m int
+		var err error
+		vs, m, err = tc.ReadViews(vs[:0], len(b))
+		for i := range vs {
+			b[0] ^= vs[i].Bytes()[0]
+			vs[i].Release()
+		}
+		return m, err
+	}
 }
 
 // settle waits until the byte count has not moved for 100 ms, at most max.

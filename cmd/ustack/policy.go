@@ -39,6 +39,7 @@ type policy struct {
 	cpuQueue int
 	poison   bool
 	poolMem  int64
+	rmemMax  int
 	poolRing int
 	zeroCopy string
 
@@ -66,6 +67,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.poison, "pool-poison", false, "poison recycled pages and check them when reused (debug)")
 	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
 	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
+	fs.IntVar(&p.rmemMax, "tcp-rmem-max", 0, fmt.Sprintf("largest TCP receive buffer auto-tuning grows to, in bytes (tcp_rmem's max; 0: %d)", stack.DefaultTCPReceiveBufferMax))
 	fs.StringVar(&p.zeroCopy, "zero-copy", "off", "payload to gVisor without a copy: off|on|views (views: the discard server also reads with TCPConn.ReadViews, in place)")
 	fs.StringVar(&p.tunnel, "tunnel", "off", "terminate an IPv6 tunnel (IPv4-in-IPv6 and IPv6-in-IPv6, as ip6tnl mode any): off|ip6tnl; the driver decapsulates before GRO")
 	fs.StringVar(&p.tunnelLocal, "tunnel-local", "", "with -tunnel ip6tnl: ustack's outer IPv6 address, dedicated to the tunnel (added to the TAP's NIC)")
@@ -167,6 +169,10 @@ func (p *policy) stackConfig() (stack.Config, error) {
 		return c, fmt.Errorf("pool-mem and pool-ring: want >= 0")
 	}
 	c.Pool.MaxBytes = p.poolMem
+	if p.rmemMax < 0 {
+		return c, fmt.Errorf("tcp-rmem-max %d: want >= 0", p.rmemMax)
+	}
+	c.TCPReceiveBufferMax = p.rmemMax
 	c.Pool.RingSize = p.poolRing
 	switch p.zeroCopy {
 	case "", "off":
@@ -212,6 +218,9 @@ func (p *policy) String() string {
 	}
 	if p.zeroCopy != "" && p.zeroCopy != "off" {
 		s += " zero-copy=" + p.zeroCopy
+	}
+	if p.rmemMax != 0 {
+		s += fmt.Sprintf(" tcp-rmem-max=%d", p.rmemMax)
 	}
 	if p.tunnelOn() {
 		s += " tunnel=" + p.tunnel
