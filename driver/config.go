@@ -141,6 +141,13 @@ type Config struct {
 	// FillChecksum makes the NIC model write full checksums into the
 	// segments it cuts from a super-frame instead of the partial form.
 	FillChecksum bool
+	// BounceRead makes the NIC model read every frame into a buffer of its
+	// own and copy it into the ring's pages. Without it, on a wire that is
+	// a VecReader, an LRO super-frame is read straight into the ring (its
+	// headers into the NIC's buffer first, to be looked at), as a NIC's
+	// DMA writes it: no copy. Frames that turn out not to be TCP
+	// super-frames are gathered and take the copying path either way.
+	BounceRead bool
 	// NICCPUs and PollCPUs pin the NIC model's thread and the poll loop's
 	// thread to these CPUs (nil: not pinned).
 	NICCPUs, PollCPUs []int

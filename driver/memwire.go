@@ -67,23 +67,47 @@ func NewMemPair(depth, maxFrame int) (*MemWire, *MemWire) {
 // is false and otherwise waits for a frame or for Close. Once either end
 // is closed it returns os.ErrClosed, even with frames still queued.
 func (w *MemWire) Read(b []byte, block bool) (int, error) {
-	if w.isClosed() {
-		return 0, os.ErrClosed
-	}
-	var buf []byte
-	select {
-	case buf = <-w.rx.full:
-	default:
-		if !block {
-			return 0, ErrNoFrame
-		}
-		select {
-		case buf = <-w.rx.full:
-		case <-w.pair.closed:
-			return 0, os.ErrClosed
-		}
+	buf, err := w.next(block)
+	if err != nil {
+		return 0, err
 	}
 	n := copy(b, buf)
+	w.rx.free <- buf[:cap(buf)]
+	return n, nil
+}
+
+// next takes the oldest queued frame, waiting for one if block is set;
+// the caller returns it to w.rx.free.
+func (w *MemWire) next(block bool) ([]byte, error) {
+	if w.isClosed() {
+		return nil, os.ErrClosed
+	}
+	select {
+	case buf := <-w.rx.full:
+		return buf, nil
+	default:
+		if !block {
+			return nil, ErrNoFrame
+		}
+		select {
+		case buf := <-w.rx.full:
+			return buf, nil
+		case <-w.pair.closed:
+			return nil, os.ErrClosed
+		}
+	}
+}
+
+// ReadVec is Read over the concatenation of iov's buffers (VecReader).
+func (w *MemWire) ReadVec(iov [][]byte, block bool) (int, error) {
+	buf, err := w.next(block)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, b := range iov {
+		n += copy(b, buf[n:])
+	}
 	w.rx.free <- buf[:cap(buf)]
 	return n, nil
 }

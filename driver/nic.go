@@ -40,7 +40,21 @@ type nicState struct {
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
 	outerLen int        // the current frame's outer tunnel header, 0 if none
+
+	// Direct reads (Config.BounceRead off): vr reads a frame's virtio-net
+	// header and first directHead bytes into rbuf and the rest straight
+	// into the WQE, from off+directHead on (then, past the WQE's end, into
+	// rbuf where the bytes belong).
+	vr      VecReader // nil: every read goes to rbuf
+	iov     [][]byte
+	inRing  int // bytes of the current frame in the WQE, not in rbuf; place claims them
+	lastLen int // the previous frame's length: a WQE with less room is retired before a read
 }
+
+// directHead is the part of a frame a direct read puts into the NIC's own
+// buffer, where the NIC model looks at it: room for the headers of any
+// TCP super-frame it hands up without copying.
+const directHead = 256
 
 func (n *nicState) init(d *Driver) {
 	n.d = d
@@ -58,6 +72,12 @@ func (n *nicState) init(d *Driver) {
 	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
 	n.wqe.pages = make([]*bufpool.Page, 0, maxPages)
 	n.wqe.start = make([]int, 0, maxPages)
+	// Direct reads serve LRO's super-frames, placed whole into a striding
+	// WQE; hardware GRO and the wire tap want every frame in rbuf.
+	if vr, ok := d.wire.(VecReader); ok && !d.cfg.BounceRead && d.cfg.LRO && d.cfg.HWGRO == HWGROOff && !n.oneFrame && d.cfg.WireTap == nil {
+		n.vr = vr
+		n.iov = make([][]byte, 0, maxReadIov)
+	}
 }
 
 func (d *Driver) nicLoop() {
@@ -76,7 +96,13 @@ func (d *Driver) nicLoop() {
 	}()
 	block := false
 	for {
-		m, err := d.wire.Read(n.rbuf, block)
+		var m int
+		var err error
+		if n.vr != nil {
+			m, err = n.readDirect(block)
+		} else {
+			m, err = d.wire.Read(n.rbuf, block)
+		}
 		if errors.Is(err, ErrNoFrame) {
 			// The wire is empty: publish what we have and sleep on it.
 			n.publish()
@@ -89,12 +115,90 @@ func (d *Driver) nicLoop() {
 			return
 		}
 		block = false
+		if n.inRing > 0 && !n.directOK(n.rbuf[:m]) {
+			n.gather()
+		}
 		n.receive(n.rbuf[:m])
+		n.inRing = 0
 		if n.pending >= d.cfg.Budget {
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 		}
 	}
+}
+
+// readDirect reads a frame as Wire.Read does into rbuf, but with the part
+// after its first directHead bytes going straight into the WQE (where the
+// frame goes if it is placed whole) as far as the WQE reaches, and sets
+// inRing to the bytes that went there. A WQE with less room left than the
+// last frame took is retired first, so that a stream of super-frames goes
+// into the ring whole.
+func (n *nicState) readDirect(block bool) (int, error) {
+	n.inRing = 0
+	if n.posted && n.wqe.size-n.off < directHead+n.lastLen {
+		n.retire()
+	}
+	if !n.posted && !n.post() {
+		return n.d.wire.Read(n.rbuf, block) // no buffer: place drops it
+	}
+	head := VirtioNetHdrLen + directHead
+	iov := append(n.iov[:0], n.rbuf[:head])
+	covered := 0
+	if room := min(n.wqe.size-n.off-directHead, len(n.rbuf)-head); room > 0 {
+		iov, covered = n.wqe.slices(iov, n.off+directHead, room, maxReadIov-2)
+	}
+	if head+covered < len(n.rbuf) {
+		iov = append(iov, n.rbuf[head+covered:])
+	}
+	m, err := n.vr.ReadVec(iov, block)
+	if err != nil {
+		return 0, err
+	}
+	n.inRing = min(max(m-head, 0), covered)
+	n.lastLen = m - VirtioNetHdrLen
+	return m, nil
+}
+
+// directOK reports whether the frame of a direct read (b: the virtio-net
+// header and the frame, whose bytes past directHead are in the WQE, not
+// in b) can stay where it is: a TCP super-frame that LRO hands up whole
+// (receive then looks at nothing but its headers), whose headers lie in
+// the first directHead bytes and whose rest all went into the WQE.
+// Anything else is gathered into rbuf first. The parse reads b's stale
+// tail only for a header that would end past directHead, which it
+// rejects.
+func (n *nicState) directOK(b []byte) bool {
+	var h VirtioNetHdr
+	if !h.Decode(b) {
+		return false
+	}
+	gt := h.GSOType &^ VirtioNetHdrGSOECN
+	if gt != VirtioNetHdrGSOTCPv4 && gt != VirtioNetHdrGSOTCPv6 || h.GSOSize == 0 || h.Flags&VirtioNetHdrFNeedsCsum == 0 {
+		return false
+	}
+	frame := b[VirtioNetHdrLen:]
+	if len(frame) != directHead+n.inRing || len(frame) > n.maxFrame {
+		return false
+	}
+	fi := &n.fi
+	if ParseFrame(frame, fi) != DropNone || fi.VLAN || fi.L4 != L4TCP || fi.HeaderLen() > directHead {
+		return false
+	}
+	if len(n.tunLocal) > 0 {
+		if outer, drop := decapsulate(&h, frame, fi, n.tunLocal); outer != 0 || drop != DropNone {
+			return false
+		}
+	}
+	return true
+}
+
+// gather copies the part of the frame a direct read put into the WQE back
+// into rbuf, after the frame's first directHead bytes, so that the frame
+// lies whole in rbuf, as after Wire.Read.
+func (n *nicState) gather() {
+	start := VirtioNetHdrLen + directHead
+	n.wqe.read(n.rbuf[start:start+n.inRing], n.off+directHead)
+	n.inRing = 0
 }
 
 // receive handles one read from the wire: a virtio-net header and a frame
@@ -304,8 +408,16 @@ func (n *nicState) place(a, b []byte) bool {
 	cqe.HWGRO, cqe.Match = false, false
 	cqe.NFrags = 0
 	off := n.off
-	n.wqe.write(cqe, off, a)
-	n.wqe.write(cqe, off+len(a), b)
+	if k := n.inRing; k > 0 {
+		// A direct read (b is nil): the frame's tail is in place.
+		n.wqe.write(cqe, off, a[:len(a)-k])
+		n.wqe.claim(cqe, off+len(a)-k, k)
+		d.stats.DirectReads.Add(1)
+		d.stats.DirectBytes.Add(uint64(k))
+	} else {
+		n.wqe.write(cqe, off, a)
+		n.wqe.write(cqe, off+len(a), b)
+	}
 	n.prod++
 	n.pending++
 	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize

@@ -115,17 +115,24 @@ func (s *pageSet) release(pool *bufpool.Pool) {
 
 // write copies src to offset off of the set and records the pages it
 // touched in cqe's frags, taking a reference on each new one.
-func (s *pageSet) write(cqe *CQE, off int, src []byte) {
-	pi := len(s.pages) - 1
-	for pi > 0 && s.start[pi] > off {
-		pi--
-	}
-	for len(src) > 0 {
-		for off-s.start[pi] >= len(s.pages[pi].Bytes()) {
-			pi++
-		}
+func (s *pageSet) write(cqe *CQE, off int, src []byte) { s.record(cqe, off, len(src), src) }
+
+// claim records the n bytes at offset off, which a direct read already
+// put there, in cqe's frags as write does, without copying.
+func (s *pageSet) claim(cqe *CQE, off, n int) { s.record(cqe, off, n, nil) }
+
+// record is write (src not nil: its n bytes are copied) and claim.
+func (s *pageSet) record(cqe *CQE, off, n int, src []byte) {
+	pi := s.find(off)
+	for n > 0 {
+		var b []byte
+		pi, b = s.at(pi, off)
 		pg, po := s.pages[pi], off-s.start[pi]
-		c := copy(pg.Bytes()[po:], src)
+		c := min(n, len(b))
+		if src != nil {
+			copy(b, src[:c])
+			src = src[c:]
+		}
 		if k := int(cqe.NFrags); k > 0 && cqe.Frags[k-1].Page == pg {
 			cqe.Frags[k-1].Len += uint32(c)
 		} else {
@@ -133,7 +140,55 @@ func (s *pageSet) write(cqe *CQE, off int, src []byte) {
 			cqe.Frags[k] = bufpool.Frag{Page: pg, Off: uint32(po), Len: uint32(c)}
 			cqe.NFrags++
 		}
-		src = src[c:]
+		n -= c
+		off += c
+	}
+}
+
+// find returns the index of a page at or before the one holding offset
+// off: the last page that starts at or before it.
+func (s *pageSet) find(off int) int {
+	pi := len(s.pages) - 1
+	for pi > 0 && s.start[pi] > off {
+		pi--
+	}
+	return pi
+}
+
+// at returns the index of the page holding offset off, searching forward
+// from page pi (at or before it), and that page's bytes from off on.
+func (s *pageSet) at(pi, off int) (int, []byte) {
+	for off-s.start[pi] >= len(s.pages[pi].Bytes()) {
+		pi++
+	}
+	return pi, s.pages[pi].Bytes()[off-s.start[pi]:]
+}
+
+// slices appends to iov the set's bytes from offset off on, up to n bytes
+// in at most max slices (one per page), and returns iov and the bytes the
+// appended slices cover.
+func (s *pageSet) slices(iov [][]byte, off, n, max int) ([][]byte, int) {
+	pi, covered := s.find(off), 0
+	for covered < n && max > 0 {
+		var b []byte
+		pi, b = s.at(pi, off)
+		b = b[:min(len(b), n-covered)]
+		iov = append(iov, b)
+		covered += len(b)
+		off += len(b)
+		max--
+	}
+	return iov, covered
+}
+
+// read copies len(dst) bytes of the set from offset off into dst.
+func (s *pageSet) read(dst []byte, off int) {
+	pi := s.find(off)
+	for len(dst) > 0 {
+		var b []byte
+		pi, b = s.at(pi, off)
+		c := copy(dst, b)
+		dst = dst[c:]
 		off += c
 	}
 }

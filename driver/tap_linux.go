@@ -94,6 +94,7 @@ type TAP struct {
 	closeErr  error
 
 	pfd [2]unix.PollFd // Read's poll set: fd and efd
+	iov []unix.Iovec   // ReadVec's, reused (one reader at a time)
 }
 
 const tapClosedBit = int64(1) << 62
@@ -200,12 +201,54 @@ func (t *TAP) release() {
 // waits for one or for Close, after which it returns os.ErrClosed. Read
 // does not allocate.
 func (t *TAP) Read(b []byte, block bool) (int, error) {
+	return t.read(b, nil, block)
+}
+
+// ReadVec is Read over the concatenation of iov's buffers, with one
+// readv(2): the VecReader the NIC model reads super-frames into its ring
+// with. At most maxReadIov buffers are used. It does not allocate.
+func (t *TAP) ReadVec(iov [][]byte, block bool) (int, error) {
+	return t.read(nil, iov, block)
+}
+
+// readv is readv(2) of iov into fd through t.iov; x/sys's Readv allocates
+// its iovec array on every call.
+func (t *TAP) readv(iov [][]byte) (int, error) {
+	if t.iov == nil {
+		t.iov = make([]unix.Iovec, maxReadIov)
+	}
+	v := t.iov[:0]
+	for _, b := range iov {
+		if len(b) == 0 || len(v) == maxReadIov {
+			continue
+		}
+		v = append(v, unix.Iovec{Base: &b[0]})
+		v[len(v)-1].SetLen(len(b))
+	}
+	if len(v) == 0 {
+		return 0, nil
+	}
+	n, _, e := unix.Syscall(unix.SYS_READV, uintptr(t.fd), uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// read is Read (iov nil) and ReadVec.
+func (t *TAP) read(b []byte, iov [][]byte, block bool) (int, error) {
 	if !t.acquire() {
 		return 0, os.ErrClosed
 	}
 	defer t.release()
 	for {
-		n, err := unix.Read(t.fd, b)
+		var n int
+		var err error
+		if iov != nil {
+			n, err = t.readv(iov)
+		} else {
+			n, err = unix.Read(t.fd, b)
+		}
 		switch err {
 		case nil:
 			return n, nil

@@ -31,3 +31,18 @@ type Wire interface {
 	// Close releases the wire and wakes any blocked Read.
 	Close() error
 }
+
+// VecReader is a Wire that can scatter one frame over several buffers, as
+// readv(2) does: iov[0] first, then iov[1], and so on. ReadVec behaves as
+// Read does over the buffers' concatenation (a longer frame is truncated),
+// and is called by the same single reader. The NIC model uses it to read
+// super-frames straight into its ring's pages (Config.BounceRead).
+//
+// The NIC model hands ReadVec at most maxReadIov buffers.
+type VecReader interface {
+	ReadVec(iov [][]byte, block bool) (int, error)
+}
+
+// maxReadIov bounds the buffers of one ReadVec: a 64 KB super-frame over
+// 4 KB pages needs 18, plus the NIC's header and spill buffers.
+const maxReadIov = 64

@@ -22,6 +22,7 @@ type policy struct {
 	mtu      int
 	rq       string
 	lro      string
+	wireRead string
 	hds      string
 	gro      string
 	hwGRO    string
@@ -55,6 +56,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.mtu, "mtu", 1500, "IP MTU of the link")
 	fs.StringVar(&p.rq, "rq", "striding", "receive queue: striding|cyclic")
 	fs.StringVar(&p.lro, "lro", "on", "hand GSO super-frames up whole: on|off")
+	fs.StringVar(&p.wireRead, "wire-read", "direct", "how the NIC model reads LRO super-frames: direct (readv straight into the ring's pages, as DMA) or bounce (into a buffer, then copied)")
 	fs.StringVar(&p.hds, "hds", "auto", "header copy into the linear part: auto (minimal headers)|N bytes")
 	fs.StringVar(&p.gro, "gro", "on", "software GRO on the poll loop: on|off")
 	fs.StringVar(&p.hwGRO, "hw-gro", "off", "hardware GRO (SHAMPO): off|on|coalesce (coalesce: adjacent payloads extend one frag up to the page, seed 002); needs -lro off")
@@ -125,6 +127,13 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	c.Driver.MTU = p.mtu
 	if c.Driver.RQ, err = driver.ParseRQMode(p.rq); err != nil {
 		return c, err
+	}
+	switch p.wireRead {
+	case "", "direct":
+	case "bounce":
+		c.Driver.BounceRead = true
+	default:
+		return c, fmt.Errorf("wire-read %q: want direct or bounce", p.wireRead)
 	}
 	if c.Driver.LRO, err = driver.ParseOnOff("lro", p.lro); err != nil {
 		return c, err
@@ -218,6 +227,9 @@ func (p *policy) String() string {
 	}
 	if p.zeroCopy != "" && p.zeroCopy != "off" {
 		s += " zero-copy=" + p.zeroCopy
+	}
+	if p.wireRead == "bounce" {
+		s += " wire-read=bounce"
 	}
 	if p.rmemMax != 0 {
 		s += fmt.Sprintf(" tcp-rmem-max=%d", p.rmemMax)
