@@ -116,8 +116,18 @@ type Config struct {
 	// HDS is the header copy size: HDSAuto (minimal headers, seed 000) or a
 	// fixed byte count (256 is the old mlx5 behaviour).
 	HDS int
-	// Budget is the NAPI budget: frames per poll batch (default 64).
+	// Budget is the NAPI budget: frames per poll batch (default 64). The
+	// NIC model also publishes its completions, and raises an interrupt
+	// if the poll loop sleeps, every Budget frames (and whenever the wire
+	// runs dry).
 	Budget int
+	// CoalesceBytes makes the NIC model publish its completions as soon
+	// as they hold this many bytes, if that comes before Budget frames:
+	// interrupt moderation by bytes. 0 publishes by frames only. With LRO
+	// a Budget of 64 KB super-frames is 4 MB, the whole send buffer of a
+	// Linux sender: the poll loop, and with it the receiver's ACKs, would
+	// wait for the sender to stall.
+	CoalesceBytes int
 	// RingSize is the number of completion queue entries, a power of two
 	// (default 1024). It bounds the frames in flight between the NIC model
 	// and the poll loop.
@@ -178,6 +188,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.RingSize < 2 || c.RingSize&(c.RingSize-1) != 0 {
 		return fmt.Errorf("ring size %d: want a power of two >= 2", c.RingSize)
+	}
+	if c.CoalesceBytes < 0 {
+		return fmt.Errorf("coalesce bytes %d: want >= 0", c.CoalesceBytes)
 	}
 	if c.Budget < 1 || c.Budget > c.RingSize {
 		return fmt.Errorf("budget %d: want 1..ring size (%d)", c.Budget, c.RingSize)

@@ -154,3 +154,45 @@ func waitDropped(t *testing.T, d *Driver, r Drop, n uint64) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestCoalesceBytes checks when the NIC model publishes LRO super-frames:
+// after Budget frames by default, and as soon as CoalesceBytes are pending
+// with interrupt moderation by bytes. The NIC's receive is driven by hand,
+// without the driver's goroutines.
+func TestCoalesceBytes(t *testing.T) {
+	h, f, _ := tcpSuper(t, L3IPv4, 60000)
+	frame := wireFrame(h, f)
+	for _, tc := range []struct {
+		coalesce int
+		want     int // frames received when first due
+	}{
+		{0, 8},
+		{100_000, 2},
+		{150_000, 3},
+	} {
+		t.Run(fmt.Sprint(tc.coalesce), func(t *testing.T) {
+			a, b := NewMemPair(4, len(frame))
+			defer b.Close()
+			cfg := Config{LRO: true, Budget: 8, CoalesceBytes: tc.coalesce}
+			copy(cfg.MAC[:], pkDstMAC)
+			d, err := New(a, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			n := &d.nic
+			got := 0
+			for got < 20 && !n.due() {
+				n.receive(frame)
+				got++
+			}
+			if got != tc.want {
+				t.Errorf("due after %d frames of %d bytes, want %d", got, len(f), tc.want)
+			}
+			n.publish()
+			if n.due() || d.prod.Load() != uint32(got) {
+				t.Errorf("after publish: due %v, published %d, want false, %d", n.due(), d.prod.Load(), got)
+			}
+		})
+	}
+}

@@ -29,14 +29,15 @@ type nicState struct {
 	sess session // hardware GRO
 	now  int64   // arrival time of the current read (hardware GRO only)
 
-	prod    uint32 // next CQE to write; published to d.prod in batches
-	pending int    // CQEs written since the last publish
-	csum    CsumState
-	gsoSize uint16
-	info    *FrameInfo
-	segInfo FrameInfo
-	fi      FrameInfo
-	drop    Drop
+	prod      uint32 // next CQE to write; published to d.prod in batches
+	pending   int    // CQEs written since the last publish
+	pendBytes int    // their bytes
+	csum      CsumState
+	gsoSize   uint16
+	info      *FrameInfo
+	segInfo   FrameInfo
+	fi        FrameInfo
+	drop      Drop
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
 	outerLen int        // the current frame's outer tunnel header, 0 if none
@@ -120,7 +121,7 @@ func (d *Driver) nicLoop() {
 		}
 		n.receive(n.rbuf[:m])
 		n.inRing = 0
-		if n.pending >= d.cfg.Budget {
+		if n.due() {
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 		}
@@ -420,6 +421,7 @@ func (n *nicState) place(a, b []byte) bool {
 	}
 	n.prod++
 	n.pending++
+	n.pendBytes += size
 	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
 	d.stats.Strides.Add(uint64(strides))
 	n.off += strides * d.cfg.StrideSize
@@ -449,6 +451,13 @@ func (n *nicState) retire() {
 	n.posted = false
 }
 
+// due reports whether the CQEs written since the last publish are to be
+// published now: Budget of them, or CoalesceBytes of frames in them.
+func (n *nicState) due() bool {
+	c := &n.d.cfg
+	return n.pending >= c.Budget || c.CoalesceBytes > 0 && n.pendBytes >= c.CoalesceBytes
+}
+
 // publish makes the CQEs written so far visible to the poll loop and wakes
 // it if it sleeps.
 func (n *nicState) publish() {
@@ -457,7 +466,7 @@ func (n *nicState) publish() {
 	}
 	d := n.d
 	d.prod.Store(n.prod)
-	n.pending = 0
+	n.pending, n.pendBytes = 0, 0
 	if d.pollSleeping.Load() {
 		select {
 		case d.irq <- struct{}{}:

@@ -273,6 +273,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	d.shampo.resvUsed.Add(uint64(len(payload)))
 	n.prod++
 	n.pending++
+	n.pendBytes += len(hdr) + len(payload)
 	if flags&(tcpFlagPSH|tcpFlagFIN) != 0 || s.off == s.resv.size {
 		n.closeSession() // PSH/FIN end a session in hardware too
 	}

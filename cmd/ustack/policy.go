@@ -28,6 +28,7 @@ type policy struct {
 	hwGRO    string
 	groFlush time.Duration
 	budget   int
+	coalesce int
 	ring     int
 	order    int
 	pageSize string
@@ -62,6 +63,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.hwGRO, "hw-gro", "off", "hardware GRO (SHAMPO): off|on|coalesce (coalesce: adjacent payloads extend one frag up to the page, seed 002); needs -lro off")
 	fs.DurationVar(&p.groFlush, "gro-flush-timeout", 0, "keep GRO packets across poll batches until this old (gro_flush_timeout); 0 flushes at each batch end")
 	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
+	fs.IntVar(&p.coalesce, "coalesce-bytes", 0, "interrupt moderation by bytes: the NIC model publishes completions once they hold this many bytes, if before -budget frames (0: by frames only)")
 	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
 	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
 	fs.StringVar(&p.pageSize, "page-size", "4k", "base page size: 4k|64k")
@@ -157,6 +159,7 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	}
 	c.GROFlushTimeout = p.groFlush
 	c.Driver.Budget = p.budget
+	c.Driver.CoalesceBytes = p.coalesce
 	c.Driver.RingSize = p.ring
 	c.Pool.Order = p.order
 	switch p.pageSize {
@@ -227,6 +230,9 @@ func (p *policy) String() string {
 	}
 	if p.zeroCopy != "" && p.zeroCopy != "off" {
 		s += " zero-copy=" + p.zeroCopy
+	}
+	if p.coalesce != 0 {
+		s += fmt.Sprintf(" coalesce-bytes=%d", p.coalesce)
 	}
 	if p.wireRead == "bounce" {
 		s += " wire-read=bounce"
