@@ -207,26 +207,39 @@ func spread(v []float64) string {
 // the kernel's receive processing, whose noise hides nanoseconds; the
 // socket column leaves them out (Kick minus the time inside the TAP's
 // Write, two clock reads per packet included, the same in every mode):
-// its differences are the metadata's cost.
+// its differences are the metadata's cost. The paired column is the
+// median of each round's difference against plain in the same round (the
+// modes of a round run back to back), with the rounds' range: the
+// machine's drift between rounds cancels out of it.
 func printXSKComparison(res []xskResult, rounds int) {
 	base := &res[xskPlain]
 	fmt.Printf("per packet over %d interleaved rounds (loop = application + Kick + TAP write; kick = inside Kick; socket = kick - TAP write):\n", rounds)
-	fmt.Printf("  %-10s  %12s  %12s  %12s  %12s  %22s  %12s  %12s  %12s  %22s\n", "mode", "loop ns/pkt", "vs plain", "kick ns/pkt", "vs plain", "rounds min/median/max",
-		"socket ns", "vs plain", "median vs", "socket rounds min/med/max")
+	fmt.Printf("  %-10s  %12s  %12s  %12s  %12s  %22s  %12s  %12s  %26s  %22s\n", "mode", "loop ns/pkt", "vs plain", "kick ns/pkt", "vs plain", "rounds min/median/max",
+		"socket ns", "vs plain", "paired vs plain (min..max)", "socket rounds min/med/max")
 	for m := range res {
 		r := &res[m]
-		diff, kdiff, sdiff, smdiff := "-", "-", "-", "-"
+		diff, kdiff, sdiff, pdiff := "-", "-", "-", "-"
 		if m != xskPlain {
 			diff = fmt.Sprintf("%+.1f ns", r.nsPerPacket()-base.nsPerPacket())
 			kdiff = fmt.Sprintf("%+.1f ns", r.kickNsPerPacket()-base.kickNsPerPacket())
 			sdiff = fmt.Sprintf("%+.1f ns", r.sockNsPerPacket()-base.sockNsPerPacket())
-			rm, _, _ := median(r.sockPkt)
-			bm, _, _ := median(base.sockPkt)
-			smdiff = fmt.Sprintf("%+.1f ns", rm-bm)
+			if d := pairedDiff(r.sockPkt, base.sockPkt); len(d) > 0 {
+				med, lo, hi := median(d)
+				pdiff = fmt.Sprintf("%+.1f ns (%+.1f..%+.1f)", med, lo, hi)
+			}
 		}
-		fmt.Printf("  %-10s  %12.1f  %12s  %12.1f  %12s  %22s  %12.1f  %12s  %12s  %22s\n", xskModeNames[m], r.nsPerPacket(), diff, r.kickNsPerPacket(), kdiff, spread(r.perPkt),
-			r.sockNsPerPacket(), sdiff, smdiff, spread(r.sockPkt))
+		fmt.Printf("  %-10s  %12.1f  %12s  %12.1f  %12s  %22s  %12.1f  %12s  %26s  %22s\n", xskModeNames[m], r.nsPerPacket(), diff, r.kickNsPerPacket(), kdiff, spread(r.perPkt),
+			r.sockNsPerPacket(), sdiff, pdiff, spread(r.sockPkt))
 	}
+}
+
+// pairedDiff returns a[i]-b[i] for the rounds both have.
+func pairedDiff(a, b []float64) []float64 {
+	d := make([]float64, min(len(a), len(b)))
+	for i := range d {
+		d[i] = a[i] - b[i]
+	}
+	return d
 }
 
 // timedWire is the TAP with the time spent in its Writes summed, so that
