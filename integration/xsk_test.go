@@ -369,7 +369,7 @@ func TestXSKGen(t *testing.T) {
 	if !strings.Contains(s, "kernel UDP socket received 18000 of 18000 datagrams") {
 		t.Errorf("the kernel socket did not receive all 18000 datagrams:\n%s", s)
 	}
-	if !regexp.MustCompile(`-m request counters: .*tx_csum_offload=6000 tx_timestamps=6000`).MatchString(s) {
+	if !regexp.MustCompile(`-m request +counters: .*tx_csum_offload=6000 tx_timestamps=6000`).MatchString(s) {
 		t.Errorf("-m did not offload 6000 checksums and stamp 6000 packets:\n%s", s)
 	}
 	for _, mode := range []string{"-M fill", "-m request"} {
