@@ -62,6 +62,7 @@ func xskgenCmd(args []string) error {
 	request := fs.Bool("m", false, "only mode -m: request checksum offload and a TX timestamp")
 	rounds := fs.Int("rounds", 10, "without -M/-m: rounds the three modes are interleaved in")
 	batch := fs.Int("b", 64, "descriptors submitted per Kick")
+	plainCsum := fs.String("plain-csum", "zero", "UDP checksum of the frames plain and -M send: zero (IPv4's \"no checksum\": the kernel receiver verifies nothing, as for -m's offloaded checksums, which it trusts on local delivery) or full (it verifies them inside the TAP write)")
 	maxTime := fs.Duration("t", 2*time.Minute, "stop sending after this long")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -77,6 +78,8 @@ func xskgenCmd(args []string) error {
 		return usageError{fmt.Errorf("want 1 <= -b <= %d", xskgenRingSize)}
 	case *maxTime <= 0 || *maxTime > 30*time.Minute:
 		return usageError{errors.New("want 0 < -t <= 30m")}
+	case *plainCsum != "zero" && *plainCsum != "full":
+		return usageError{fmt.Errorf("-plain-csum %q: want zero or full", *plainCsum)}
 	}
 	modes := []int{xskPlain, xskFill, xskRequest}
 	switch {
@@ -94,8 +97,11 @@ func xskgenCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("xskgen: %d-byte frames (%d of UDP payload) to %v on %s in %s, %s, %d per Kick\n",
-		g.frameLen, *size, g.dst, g.bed.TAPName, g.bed.NS.Name, plural(len(modes), "mode"), *batch)
+	if *plainCsum == "zero" {
+		g.plain = 0
+	}
+	fmt.Printf("xskgen: %d-byte frames (%d of UDP payload) to %v on %s in %s, %s, %d per Kick; UDP checksum of plain and -M: %s\n",
+		g.frameLen, *size, g.dst, g.bed.TAPName, g.bed.NS.Name, plural(len(modes), "mode"), *batch, *plainCsum)
 	snmpBefore, err := g.udpSNMP()
 	if err != nil {
 		return err
@@ -213,23 +219,25 @@ func spread(v []float64) string {
 // machine's drift between rounds cancels out of it.
 func printXSKComparison(res []xskResult, rounds int) {
 	base := &res[xskPlain]
-	fmt.Printf("per packet over %d interleaved rounds (loop = application + Kick + TAP write; kick = inside Kick; socket = kick - TAP write):\n", rounds)
-	fmt.Printf("  %-10s  %12s  %12s  %12s  %12s  %22s  %12s  %12s  %26s  %22s\n", "mode", "loop ns/pkt", "vs plain", "kick ns/pkt", "vs plain", "rounds min/median/max",
-		"socket ns", "vs plain", "paired vs plain (min..max)", "socket rounds min/med/max")
+	fmt.Printf("per packet over %d interleaved rounds (loop = application + Kick + TAP write, the seed's mpps; kick = inside Kick; socket = kick - TAP write):\n", rounds)
+	fmt.Printf("  %-10s  %11s  %26s  %11s  %11s  %26s  %22s  %22s\n", "mode", "loop ns", "paired vs plain (min..max)", "kick ns", "socket ns",
+		"paired vs plain (min..max)", "loop rounds min/med/max", "socket rounds min/med/max")
+	paired := func(a, b []float64) string {
+		d := pairedDiff(a, b)
+		if len(d) == 0 {
+			return "-"
+		}
+		med, lo, hi := median(d)
+		return fmt.Sprintf("%+.1f ns (%+.1f..%+.1f)", med, lo, hi)
+	}
 	for m := range res {
 		r := &res[m]
-		diff, kdiff, sdiff, pdiff := "-", "-", "-", "-"
+		ldiff, sdiff := "-", "-"
 		if m != xskPlain {
-			diff = fmt.Sprintf("%+.1f ns", r.nsPerPacket()-base.nsPerPacket())
-			kdiff = fmt.Sprintf("%+.1f ns", r.kickNsPerPacket()-base.kickNsPerPacket())
-			sdiff = fmt.Sprintf("%+.1f ns", r.sockNsPerPacket()-base.sockNsPerPacket())
-			if d := pairedDiff(r.sockPkt, base.sockPkt); len(d) > 0 {
-				med, lo, hi := median(d)
-				pdiff = fmt.Sprintf("%+.1f ns (%+.1f..%+.1f)", med, lo, hi)
-			}
+			ldiff, sdiff = paired(r.perPkt, base.perPkt), paired(r.sockPkt, base.sockPkt)
 		}
-		fmt.Printf("  %-10s  %12.1f  %12s  %12.1f  %12s  %22s  %12.1f  %12s  %26s  %22s\n", xskModeNames[m], r.nsPerPacket(), diff, r.kickNsPerPacket(), kdiff, spread(r.perPkt),
-			r.sockNsPerPacket(), sdiff, pdiff, spread(r.sockPkt))
+		fmt.Printf("  %-10s  %11.1f  %26s  %11.1f  %11.1f  %26s  %22s  %22s\n", xskModeNames[m], r.nsPerPacket(), ldiff, r.kickNsPerPacket(),
+			r.sockNsPerPacket(), sdiff, spread(r.perPkt), spread(r.sockPkt))
 	}
 }
 
@@ -266,8 +274,8 @@ type xskGen struct {
 	dst      netip.AddrPort
 	frameLen int
 	batch    uint32
-	full     uint16 // UDP checksum of the frame
-	pseudo   uint16 // its pseudo-header sum
+	plain    uint16 // UDP checksum field of plain and -M frames: the full checksum, or 0 (none)
+	pseudo   uint16 // the pseudo-header sum, for -m
 	socks    [numXSKModes]*xsk.Socket
 	wires    [numXSKModes]*timedWire
 	free     [numXSKModes][]uint64 // addresses of frames not in flight
@@ -346,7 +354,7 @@ func newXSKGen(cl *closerList, size, batch int) (*xskGen, error) {
 }
 
 // buildFrame returns the UDP/IPv4 frame to the kernel socket, with the
-// full checksum in place, and records the full and pseudo-header sums.
+// full checksum in place, and records it and the pseudo-header sum.
 func (g *xskGen) buildFrame(dstMAC net.HardwareAddr, src netip.AddrPort, size int) []byte {
 	const l2, l3, l4 = header.EthernetMinimumSize, header.IPv4MinimumSize, header.UDPMinimumSize
 	b := make([]byte, l2+l3+l4+size)
@@ -366,11 +374,11 @@ func (g *xskGen) buildFrame(dstMAC net.HardwareAddr, src netip.AddrPort, size in
 	}
 	g.pseudo = header.PseudoHeaderChecksum(header.UDPProtocolNumber, srcA, dstA, uint16(len(seg)))
 	header.UDP(seg).SetChecksum(g.pseudo)
-	g.full = ^checksum.Checksum(seg, 0)
-	if g.full == 0 {
-		g.full = 0xffff
+	g.plain = ^checksum.Checksum(seg, 0)
+	if g.plain == 0 {
+		g.plain = 0xffff
 	}
-	header.UDP(seg).SetChecksum(g.full)
+	header.UDP(seg).SetChecksum(g.plain)
 	return b
 }
 
@@ -415,7 +423,7 @@ func (g *xskGen) round(m, n int, deadline time.Time) (xskResult, error) {
 	free := g.free[m]
 	// Outside the timing: the checksum field the mode needs.
 	for _, addr := range free {
-		csum := g.full
+		csum := g.plain
 		if m == xskRequest {
 			csum = g.pseudo
 		}
