@@ -56,7 +56,14 @@ func (c *collector) waitFor(t testing.TB, n int64) {
 // Tests poison recycled pages; benchmarks do not.
 func newTestDriver(t testing.TB, cfg Config, h Handler) (*Driver, *MemWire) {
 	t.Helper()
-	a, b := NewMemPair(1024, VirtioNetHdrLen+maxLROFrame)
+	return newTestDriverDepth(t, cfg, h, 1024)
+}
+
+// newTestDriverDepth is newTestDriver with a wire that queues depth frames
+// (each queue preallocates depth super-frames).
+func newTestDriverDepth(t testing.TB, cfg Config, h Handler, depth int) (*Driver, *MemWire) {
+	t.Helper()
+	a, b := NewMemPair(depth, VirtioNetHdrLen+maxLROFrame)
 	_, bench := t.(*testing.B)
 	pool, err := bufpool.New(bufpool.Config{Poison: !bench, RingSize: 1 << 16})
 	if err != nil {
