@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -123,15 +124,6 @@ type Socket struct {
 	// scratch holds the virtio-net header and the packet being written.
 	// +checklocks:txMu
 	scratch []byte
-	// tsPending are the UMEM offsets of the completion.tx_timestamp
-	// fields of the batch's packets that asked for a TX timestamp (tsN of
-	// them): one clock read after the batch's writes serves them all,
-	// before the batch's completions are published. Offsets, not slices,
-	// so that recording one stores no pointer.
-	// +checklocks:txMu
-	tsPending []uint64 // len kickBatch
-	// +checklocks:txMu
-	tsN int
 	// dropRest is dropping while Kick discards the remaining descriptors
 	// of a multi-buffer packet that had more than MaxFrags, 0 otherwise:
 	// a bit no valid descriptor carries, so that txBatch tells the common
@@ -226,7 +218,6 @@ func New(cfg Config, w Wire) (*Socket, error) {
 		frags = MaxFrags
 	}
 	s.scratch = make([]byte, vnetHdrLen+frags*s.umem.DataRoom())
-	s.tsPending = make([]uint64, kickBatch)
 	return s, nil
 }
 
@@ -297,7 +288,8 @@ func (s *Socket) Kick() (int, error) {
 		_, cidx := s.cqp.Reserve(n) // cannot fail: Free said n
 		var used uint32
 		used, err = s.txBatch(idx, n, cidx, &c)
-		s.stampPending()
+		s.stamp(cidx, c.stamps)
+		c.stamps = 0
 		if used < n {
 			s.txc.Cancel(n - used)
 			s.cqp.Cancel(n - used)
@@ -323,25 +315,37 @@ func (s *Socket) Kick() (int, error) {
 // oversized multi-buffer packet: an option bit outside the UAPI's.
 const dropping = 1 << 31
 
-// stampPending writes one completion time, read after the batch's last
-// write, into every metadata area of the batch that asked for a timestamp.
+// stamp writes one completion time, read after the batch's last write,
+// into the metadata of every packet of the batch that asked for a TX
+// timestamp: those whose completion slot, counted from cidx, has its bit
+// set in mask. A slot holds the packet's first descriptor's Addr, which
+// Kick validated, so its metadata lies right before it. The mask keeps the
+// per-packet bookkeeping in a register: after each wire write the socket's
+// own lines may have left the cache (Kick's counters, where the mask
+// lives, are on its stack and touched for every packet anyway).
+//
 // +checklocks:s.txMu
-func (s *Socket) stampPending() {
-	if s.tsN == 0 {
+func (s *Socket) stamp(cidx uint32, mask uint64) {
+	if mask == 0 {
 		return
 	}
 	now := s.clock()
 	buf := s.umem.buf // locals: the stores into buf need not reload them
-	for _, off := range s.tsPending[:s.tsN] {
+	md := uint64(s.umem.mdLen)
+	for mask != 0 {
+		i := uint32(bits.TrailingZeros64(mask))
+		mask &= mask - 1
+		off := *s.cqp.Entry(cidx + i) - md + 8 // completion.tx_timestamp
 		binary.NativeEndian.PutUint64(buf[off:off+8], now)
 	}
-	s.tsN = 0
 }
 
-// txBatch consumes the n TX descriptors peeked from idx, writing their
-// completions to the reserved completion slots from cidx, and returns how
-// many it consumed: fewer than n when it meets a multi-buffer packet whose
-// last descriptor is not among them, or a write error.
+// txBatch consumes the n TX descriptors peeked from idx (at most
+// kickBatch), writing their completions to the reserved completion slots
+// from cidx, and returns how many it consumed: fewer than n when it meets a
+// multi-buffer packet whose last descriptor is not among them, or a write
+// error. It sets bit i of c.stamps if the packet whose first descriptor is
+// the i-th asked for a TX timestamp (see stamp).
 //
 // +checklocks:txMu
 func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
@@ -371,7 +375,11 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 			// One descriptor with metadata.
 			*s.cqp.Entry(cidx + used) = d.Addr
 			used++
-			if err := s.txMeta(d, c); err != nil {
+			stamp, err := s.txMeta(d, c)
+			if stamp {
+				c.stamps |= 1 << (used - 1)
+			}
+			if err != nil {
 				return used, err
 			}
 		default:
@@ -382,7 +390,10 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 				c.invalid++
 				continue
 			}
-			k, err := s.txPacket(idx+used, n-used, cidx+used, c)
+			k, stamp, err := s.txPacket(idx+used, n-used, cidx+used, c)
+			if stamp {
+				c.stamps |= 1 << used
+			}
 			used += k
 			if k == 0 || err != nil {
 				return used, err
@@ -408,15 +419,17 @@ func (s *Socket) validDesc(d Desc) bool {
 // the metadata read once: this is the per-packet cost of a metadata
 // request (the seed's -m). Keep the three in step with it.
 //
+// It reports whether the packet asked for a TX timestamp.
+//
 // +checklocks:txMu
-func (s *Socket) txMeta(d Desc, c *txCounts) error {
+func (s *Socket) txMeta(d Desc, c *txCounts) (bool, error) {
 	if !s.validDesc(d) {
 		c.invalid++
-		return nil
+		return false, nil
 	}
 	if s.umem.mdLen == 0 {
 		c.badMetadata++
-		return nil
+		return false, nil
 	}
 	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
 	mdOff := d.Addr - uint64(s.umem.mdLen)
@@ -424,7 +437,7 @@ func (s *Socket) txMeta(d Desc, c *txCounts) error {
 	flags := binary.NativeEndian.Uint64(md[0:8])
 	if flags&^txmdValid != 0 {
 		c.badMetadata++
-		return nil
+		return false, nil
 	}
 	b := s.scratch[:vnetHdrLen+int(d.Len)]
 	swCsum := false
@@ -433,7 +446,7 @@ func (s *Socket) txMeta(d Desc, c *txCounts) error {
 	} else {
 		if int(binary.NativeEndian.Uint16(md[8:10]))+int(binary.NativeEndian.Uint16(md[10:12]))+2 > int(d.Len) {
 			c.badMetadata++
-			return nil
+			return false, nil
 		}
 		if s.csumOffload {
 			// virtio_net_hdr's csum_start and csum_offset (bytes 6 to
@@ -459,14 +472,12 @@ func (s *Socket) txMeta(d Desc, c *txCounts) error {
 		c.packets++
 		c.bytes += uint64(d.Len)
 	}
-	if flags&TxmdTimestamp != 0 {
-		// completion.tx_timestamp, at offset 8: stamped after the
-		// batch's last write (stampPending).
-		s.tsPending[s.tsN] = mdOff + 8
-		s.tsN++
-		c.timestamps++
+	if flags&TxmdTimestamp == 0 {
+		return false, err
 	}
-	return err
+	// Stamped after the batch's last write (stamp).
+	c.timestamps++
+	return true, err
 }
 
 // txRequest is what a packet's metadata asks for, once checked by
@@ -516,11 +527,11 @@ func (s *Socket) request(d Desc) (txRequest, bool) {
 
 // xmit writes b's virtio-net header (and completes the checksum, in
 // software mode) as r asks, writes b to the wire and then, if asked,
-// queues r's metadata for the completion time (stampPending). b is the
+// reports that r asked for the completion time (stamp). b is the
 // scratch buffer: vnetHdrLen bytes of header to fill, then the packet.
 //
 // +checklocks:txMu
-func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) error {
+func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) (bool, error) {
 	switch {
 	case r.flags&TxmdChecksum == 0:
 		clear(b[:vnetHdrLen])
@@ -545,25 +556,24 @@ func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) error {
 		c.packets++
 		c.bytes += uint64(len(b) - vnetHdrLen)
 	}
-	if r.flags&TxmdTimestamp != 0 {
-		// Stamped after the batch's last write, before Kick publishes
-		// the completions (stampPending). completion.tx_timestamp is at
-		// offset 8 of the metadata.
-		s.tsPending[s.tsN] = r.md + 8
-		s.tsN++
-		c.timestamps++
+	if r.flags&TxmdTimestamp == 0 {
+		return false, err
 	}
-	return err
+	// Stamped after the batch's last write, before Kick publishes the
+	// completions (stamp).
+	c.timestamps++
+	return true, err
 }
 
 // txPacket consumes one packet's descriptors, starting at TX index idx with
 // avail peeked, and writes their completions from cidx. It returns how
-// many it consumed, 0 if the packet's last descriptor is not among them.
+// many it consumed, 0 if the packet's last descriptor is not among them,
+// and whether the packet asked for a TX timestamp.
 // While dropRest is set it consumes, without sending, descriptors up to
 // the end of the oversized packet being dropped.
 //
 // +checklocks:txMu
-func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) {
+func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, bool, error) {
 	if s.dropRest != 0 {
 		var k uint32
 		for k < avail {
@@ -575,7 +585,7 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 				break
 			}
 		}
-		return k, nil
+		return k, false, nil
 	}
 
 	// The packet's extent: up to the first descriptor without
@@ -591,7 +601,7 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 		}
 	}
 	if !end && k < MaxFrags {
-		return 0, nil // the rest is not submitted yet
+		return 0, false, nil // the rest is not submitted yet
 	}
 	for i := range k {
 		*s.cqp.Entry(cidx + i) = s.txc.Entry(idx + i).Addr
@@ -600,7 +610,7 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 		// More than MaxFrags descriptors: drop this part and the rest.
 		c.invalid++
 		s.dropRest = dropping
-		return k, nil
+		return k, false, nil
 	}
 
 	allowed := uint32(OptTxMetadata)
@@ -612,11 +622,11 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 		d := *s.txc.Entry(idx + i)
 		if d.Options&^allowed != 0 || !s.validDesc(d) {
 			c.invalid++
-			return k, nil
+			return k, false, nil
 		}
 		if i > 0 && d.Options&OptTxMetadata != 0 {
 			c.badMetadata++
-			return k, nil
+			return k, false, nil
 		}
 		total += int(d.Len)
 	}
@@ -627,7 +637,7 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 		var ok bool
 		if r, ok = s.request(first); !ok {
 			c.badMetadata++
-			return k, nil
+			return k, false, nil
 		}
 	}
 
@@ -637,7 +647,8 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, error) 
 		d := *s.txc.Entry(idx + i)
 		off += copy(b[off:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
 	}
-	return k, s.xmit(b, r, c)
+	stamp, err := s.xmit(b, r, c)
+	return k, stamp, err
 }
 
 // Receive copies frame into a UMEM frame taken from the fill ring, at that

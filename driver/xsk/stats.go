@@ -52,6 +52,11 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 type txCounts struct {
 	packets, bytes, csumOffload, csumSW, timestamps uint64
 	invalid, badMetadata, errors, cqFull            uint64
+
+	// stamps marks the packets of the current batch that asked for a TX
+	// timestamp, by the index of their first descriptor in the batch
+	// (Socket.stamp); not a counter, reset after each batch.
+	stamps uint64
 }
 
 // addNonZero adds v to c unless it is 0: most counts of a Kick are, and an
