@@ -183,6 +183,42 @@ func TestPolicyFromSettings(t *testing.T) {
 	}
 }
 
+// TestPolicyStackConfig checks that this session's switches reach the
+// stack's and driver's configuration, and that bad values are refused.
+func TestPolicyStackConfig(t *testing.T) {
+	p, err := policyFromSettings([]string{"wire-read=bounce", "coalesce-bytes=262144", "tcp-rmem-max=67108864"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.stackConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Driver.BounceRead || c.Driver.CoalesceBytes != 262144 || c.TCPReceiveBufferMax != 64<<20 {
+		t.Errorf("got BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d", c.Driver.BounceRead, c.Driver.CoalesceBytes, c.TCPReceiveBufferMax)
+	}
+	if s := p.String(); !strings.Contains(s, "wire-read=bounce") || !strings.Contains(s, "coalesce-bytes=262144") || !strings.Contains(s, "tcp-rmem-max=67108864") {
+		t.Errorf("String: %q does not name the switches", s)
+	}
+	base := basePolicy(1500)
+	def, err := base.stackConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Driver.BounceRead || def.Driver.CoalesceBytes != 0 || def.TCPReceiveBufferMax != 0 {
+		t.Errorf("defaults: BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d, want false, 0, 0", def.Driver.BounceRead, def.Driver.CoalesceBytes, def.TCPReceiveBufferMax)
+	}
+	for _, bad := range []string{"wire-read=dma", "tcp-rmem-max=-1"} {
+		p, err := policyFromSettings([]string{bad})
+		if err == nil {
+			_, err = p.stackConfig()
+		}
+		if err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+}
+
 // fakeReport is an A/B report with peers over three cells: a clear
 // improvement, a clear regression, a change within the spread, and a
 // skipped cell.
