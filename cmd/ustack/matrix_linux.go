@@ -827,8 +827,23 @@ func printMatrixHeader(w io.Writer, env *matrixEnv, rep *matrixReport, dims matr
 		case "stock":
 			fmt.Fprintln(w, "stock: gVisor's stock fdbased endpoint on the same TAP (no vnet header, no offloads); reader pinned, its dispatcher not")
 		case "kernel":
-			fmt.Fprintf(w, "kernel: the kernel's TCP/UDP (UDP_GRO) receiver in netns %s over a veth pair from the sender's namespace; reader pinned, softirq not\n", env.rx.Name)
+			fmt.Fprintf(w, "kernel: the kernel's TCP/UDP (UDP_GRO) receiver in netns %s over a veth pair from the sender's namespace; reader pinned, softirq not; its tcp_rmem %s\n", env.rx.Name, sysctlLine(env.rx, "net.ipv4.tcp_rmem"))
 		}
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "TCP receive buffers: ustack's grow to %d bytes unless -tcp-rmem-max says otherwise; the sender's tcp_wmem %s\n\n",
+		stack.DefaultTCPReceiveBufferMax, sysctlLine(env.bed.NS, "net.ipv4.tcp_wmem"))
+}
+
+// sysctlLine returns a sysctl's value as ns sees it (its /proc/sys file,
+// read from inside ns), its whitespace collapsed, or "?".
+func sysctlLine(ns *testbed.Netns, name string) string {
+	var b []byte
+	err := ns.Do(func() (err error) {
+		b, err = os.ReadFile("/proc/sys/" + strings.ReplaceAll(name, ".", "/"))
+		return err
+	})
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b)), " ")
 }
