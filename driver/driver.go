@@ -2,12 +2,16 @@
 // Wire (a TAP device or an in-memory peer), writes them into an RX ring of
 // pages from bufpool as an mlx5 NIC would (striding or cyclic receive queue,
 // LRO, header/data split), and runs a NAPI-like poll loop that hands the
-// frames up as Packets in batches.
+// frames up as Packets in batches. With LRO, on a Wire that is a VecReader
+// (the TAP is), a TCP super-frame is read with one readv straight into the
+// ring's pages, as DMA writes it, its first bytes into the NIC model's own
+// buffer to be parsed (Config.BounceRead turns that off).
 //
 // Threading: the NIC model runs in its own goroutine locked to an OS thread
 // (the hardware); it posts one CQE per frame into a single-producer,
-// single-consumer completion queue and raises an interrupt when the poll
-// loop sleeps. The poll loop runs in a second goroutine (the softirq) and
+// single-consumer completion queue, publishes the CQEs every Budget frames
+// (or CoalesceBytes bytes) and whenever the wire runs dry, and raises an
+// interrupt when the poll loop sleeps. The poll loop runs in a second goroutine (the softirq) and
 // calls the Handler for each packet, in ring order, then Flush once per
 // batch of at most Budget packets. Transmit may be called from any
 // goroutine.
