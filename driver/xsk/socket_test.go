@@ -443,6 +443,66 @@ func TestTimestampAfterWrite(t *testing.T) {
 	}
 }
 
+// TestTimestampsMixedBatch stamps the right packets of a batch that mixes
+// single- and multi-buffer packets with and without a timestamp request,
+// with the rings' indexes wrapping inside it: the stamps are found through
+// the batch's completion slots, so a slot taken for the wrong packet would
+// stamp (or skip) the wrong metadata.
+func TestTimestampsMixedBatch(t *testing.T) {
+	w := new(countingWire)
+	s := newTestSocket(t, Config{NumFrames: 16, FrameSize: 2048, TxMetadata: true, MultiBuffer: true,
+		ringStart: math.MaxUint32 - 2, Clock: func() uint64 { return 7000 + w.n }}, w)
+	frame := buildFrame(udp4, 300, 0, true).b
+	type pkt struct {
+		chunks int
+		stamp  bool
+	}
+	pkts := []pkt{{1, false}, {3, true}, {1, true}, {2, false}, {1, false}, {3, true}, {1, true}}
+	var descs []Desc
+	var firsts []Desc
+	slot := 0
+	for _, p := range pkts {
+		for c := range p.chunks {
+			d := place(s, slot, frame[:100])
+			slot++
+			if c < p.chunks-1 {
+				d.Options = OptPktContd
+			}
+			if c == 0 {
+				d.Options |= OptTxMetadata
+				md := s.UMEM().Metadata(d.Addr)
+				md.SetFlags(0)
+				if p.stamp {
+					md.SetFlags(TxmdTimestamp)
+				}
+				md.SetChecksumRequest(0x1234, 0x5678) // the completion overwrites it with a stamp
+				firsts = append(firsts, d)
+			}
+			descs = append(descs, d)
+		}
+	}
+	submit(t, s, descs...)
+	if n, err := s.Kick(); n != len(descs) || err != nil {
+		t.Fatalf("Kick: consumed %d, %v; want %d", n, err, len(descs))
+	}
+	if got := reap(s); len(got) != len(descs) {
+		t.Fatalf("%d completions, want %d", len(got), len(descs))
+	}
+	want := 7000 + uint64(len(pkts)) // one clock read after the batch's writes
+	for i, p := range pkts {
+		md := s.UMEM().Metadata(firsts[i].Addr)
+		switch ts := md.TxTimestamp(); {
+		case p.stamp && ts != want:
+			t.Errorf("packet %d asked for a timestamp: got %d, want %d", i, ts, want)
+		case !p.stamp && (md.CsumStart() != 0x1234 || md.CsumOffset() != 0x5678):
+			t.Errorf("packet %d asked for none: its metadata changed to %x", i, []byte(md))
+		}
+	}
+	if c := counters(s); c["tx_timestamps"] != 4 || c["tx_packets"] != uint64(len(pkts)) {
+		t.Errorf("counters %v, want tx_timestamps 4, tx_packets %d", nonZero(s), len(pkts))
+	}
+}
+
 // TestTimestampsMonotonic uses the default clock: timestamps come after
 // the submission, before the reap, and never go backwards.
 func TestTimestampsMonotonic(t *testing.T) {
