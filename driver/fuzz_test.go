@@ -63,6 +63,16 @@ func FuzzParseFrame(f *testing.F) {
 	})
 }
 
+// fuzzWireFrame splits what a TAP read returns into its virtio-net header
+// and frame, and parses the frame; ok is false if either does not decode.
+func fuzzWireFrame(b []byte) (h VirtioNetHdr, frame []byte, fi FrameInfo, ok bool) {
+	if !h.Decode(b) {
+		return h, nil, fi, false
+	}
+	frame = b[VirtioNetHdrLen:]
+	return h, frame, fi, ParseFrame(frame, &fi) == DropNone
+}
+
 // FuzzSegment feeds what a TAP read returns: a virtio-net header followed by
 // an Ethernet frame.
 func FuzzSegment(f *testing.F) {
@@ -91,13 +101,8 @@ func FuzzSegment(f *testing.F) {
 		f.Add(append(b, frame...), true)
 	}
 	f.Fuzz(func(t *testing.T, b []byte, fill bool) {
-		var h VirtioNetHdr
-		if !h.Decode(b) {
-			return
-		}
-		frame := b[VirtioNetHdrLen:]
-		var fi FrameInfo
-		if ParseFrame(frame, &fi) != DropNone {
+		h, frame, fi, ok := fuzzWireFrame(b)
+		if !ok {
 			return
 		}
 		orig := bytes.Clone(frame)

@@ -219,7 +219,10 @@ func (t *TAP) readv(iov [][]byte) (int, error) {
 	}
 	v := t.iov[:0]
 	for _, b := range iov {
-		if len(b) == 0 || len(v) == maxReadIov {
+		if len(v) == maxReadIov {
+			break
+		}
+		if len(b) == 0 {
 			continue
 		}
 		v = append(v, unix.Iovec{Base: &b[0]})

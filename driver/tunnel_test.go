@@ -256,13 +256,8 @@ func FuzzDecapsulate(f *testing.F) {
 	tc := TunnelConfig{Local: []netip.Addr{pkTunLocal}}
 	locals := tc.locals()
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var h VirtioNetHdr
-		if !h.Decode(b) {
-			return
-		}
-		frame := b[VirtioNetHdrLen:]
-		var fi FrameInfo
-		if ParseFrame(frame, &fi) != DropNone {
+		h, frame, fi, ok := fuzzWireFrame(b)
+		if !ok {
 			return
 		}
 		orig := bytes.Clone(frame)

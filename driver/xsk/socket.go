@@ -319,10 +319,10 @@ const dropping = 1 << 31
 // into the metadata of every packet of the batch that asked for a TX
 // timestamp: those whose completion slot, counted from cidx, has its bit
 // set in mask. A slot holds the packet's first descriptor's Addr, which
-// Kick validated, so its metadata lies right before it. The mask keeps the
-// per-packet bookkeeping in a register: after each wire write the socket's
-// own lines may have left the cache (Kick's counters, where the mask
-// lives, are on its stack and touched for every packet anyway).
+// Kick validated, so its metadata lies right before it. The mask lives in
+// Kick's counters, on its stack and touched for every packet anyway, not in
+// the socket: after each wire write the socket's own lines may have left
+// the cache.
 //
 // +checklocks:s.txMu
 func (s *Socket) stamp(cidx uint32, mask uint64) {
@@ -493,7 +493,6 @@ type txRequest struct {
 	// back little-endian, the same four bytes land in virtio_net_hdr's
 	// csum_start and csum_offset, which are in host byte order too.
 	csum uint32
-	md   uint64 // UMEM offset of the metadata
 }
 
 // csumFields returns the checksum request's csum_start and csum_offset as
@@ -516,7 +515,7 @@ func (s *Socket) request(d Desc) (txRequest, bool) {
 	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
 	off := d.Addr - uint64(s.umem.mdLen)
 	md := TxMetadata(s.umem.buf[off : off+TxMetadataSize : off+TxMetadataSize])
-	r := txRequest{flags: md.Flags(), md: off}
+	r := txRequest{flags: md.Flags()}
 	if r.flags&^txmdValid != 0 {
 		return txRequest{}, false
 	}
