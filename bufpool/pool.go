@@ -581,6 +581,10 @@ func (p *Pool) Stats() Stats {
 // Memory returns Config.Memory (nil: the Go heap).
 func (p *Pool) Memory() Memory { return p.mem }
 
+// RingSize returns the quarantine ring's capacity in pages (0 with
+// NoRecycle).
+func (p *Pool) RingSize() int { return len(p.ring) }
+
 // InUse returns the number of pages held, handed out or in the ring, not
 // yet released; from any goroutine.
 func (p *Pool) InUse() int { return int(p.inUse.Load()) }

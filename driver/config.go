@@ -92,6 +92,9 @@ const (
 	DefaultRingSize   = 1024
 	DefaultStrideSize = 64      // mlx5's smallest stride: no space wasted between frames
 	DefaultWQEBytes   = 1 << 18 // 256 KB, mlx5's MPWQE size with LRO
+	// DefaultRQSizeStriding is the striding RQ's depth in WQEs: mlx5's
+	// MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE_MPW (2^3), 2 MB of 256 KB WQEs.
+	DefaultRQSizeStriding = 8
 	// maxLROFrame is the largest frame LRO hands up: an IP packet of 64 KB
 	// behind an Ethernet header and a VLAN tag.
 	maxLROFrame = 65535 + 14 + 4
@@ -132,6 +135,15 @@ type Config struct {
 	// (default 1024). It bounds the frames in flight between the NIC model
 	// and the poll loop.
 	RingSize int
+	// RQSize is the receive queue's depth in WQEs (ethtool -G rx): the
+	// ring memory the NIC model may fill before the poll loop has taken
+	// the completions out of it, RQSize times WQEBytes with the striding
+	// RQ, RQSize frames with the cyclic one or PagePerFrame (default
+	// DefaultRQSizeStriding, or RingSize for a WQE per frame). When it is
+	// full the NIC model stalls (rx_rq_stalls) until the poll loop
+	// catches up, as it does on a full completion queue: a burst as wide
+	// as the sender's window waits in the wire, not in the ring's pages.
+	RQSize int
 	// StrideSize is the striding RQ's stride in bytes (default 64).
 	StrideSize int
 	// WQEBytes is the size of one striding WQE (default 256 KB).
@@ -204,6 +216,12 @@ func (c *Config) setDefaults() error {
 	if c.WQEBytes == 0 {
 		c.WQEBytes = DefaultWQEBytes
 	}
+	if c.RQSize == 0 {
+		c.RQSize, _ = c.RQDepth()
+	}
+	if c.RQSize < 2 {
+		return fmt.Errorf("rq size %d: want >= 2 WQEs", c.RQSize)
+	}
 	if c.HDS < 0 || c.HDS > MaxHDS {
 		return fmt.Errorf("hds %d: want auto or 1..%d", c.HDS, MaxHDS)
 	}
@@ -239,6 +257,33 @@ func (c *Config) setDefaults() error {
 }
 
 // maxFrame is the largest frame the RX queue accepts.
+// RQDepth returns the receive queue's depth with c's settings, defaults
+// applied: its WQEs (Config.RQSize) and the bytes of each. The NIC model
+// fills at most wqes*wqeBytes of ring ahead of the poll loop.
+func (c Config) RQDepth() (wqes, wqeBytes int) {
+	if c.MTU == 0 {
+		c.MTU = DefaultMTU
+	}
+	if c.RingSize == 0 {
+		c.RingSize = DefaultRingSize
+	}
+	wqes, wqeBytes = c.RQSize, c.WQEBytes
+	if wqeBytes == 0 {
+		wqeBytes = DefaultWQEBytes
+	}
+	perFrame := c.RQ == RQCyclic || c.PagePerFrame
+	if perFrame {
+		wqeBytes = c.maxFrame() // one buffer per frame
+	}
+	if wqes == 0 {
+		wqes = DefaultRQSizeStriding
+		if perFrame {
+			wqes = c.RingSize
+		}
+	}
+	return wqes, wqeBytes
+}
+
 func (c *Config) maxFrame() int {
 	if c.LRO {
 		return maxLROFrame

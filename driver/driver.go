@@ -38,12 +38,14 @@ type Driver struct {
 
 	// Completion queue: written by the NIC goroutine at prod, read by the
 	// poll loop at cons. Slots between cons and prod belong to the poll loop.
-	cq    []CQE
-	mask  uint32
-	prod  atomic.Uint32
-	cons  atomic.Uint32
-	irq   chan struct{} // NIC -> poll loop: work posted while it slept
-	space chan struct{} // poll loop -> NIC: CQEs consumed while it waited
+	cq   []CQE
+	mask uint32
+	prod atomic.Uint32
+	cons atomic.Uint32
+	// ringFreed is the RingEnd of the last CQE the poll loop consumed.
+	ringFreed atomic.Uint64
+	irq       chan struct{} // NIC -> poll loop: work posted while it slept
+	space     chan struct{} // poll loop -> NIC: CQEs consumed while it waited
 
 	pollSleeping atomic.Bool
 	nicWaiting   atomic.Bool

@@ -29,6 +29,12 @@ type nicState struct {
 	sess session // hardware GRO
 	now  int64   // arrival time of the current read (hardware GRO only)
 
+	// The RQ's depth: ringUsed counts the ring bytes the NIC has used
+	// (CQE.RingEnd); it may run ahead of the poll loop's d.ringFreed by
+	// rqBytes.
+	ringUsed uint64
+	rqBytes  uint64
+
 	prod      uint32 // next CQE to write; published to d.prod in batches
 	pending   int    // CQEs written since the last publish
 	pendBytes int    // their bytes
@@ -70,6 +76,8 @@ func (n *nicState) init(d *Driver) {
 		// a fresh page.
 		n.wqeBytes = n.maxFrame
 	}
+	wqes, wqeBytes := d.cfg.RQDepth()
+	n.rqBytes = uint64(wqes) * uint64(wqeBytes)
 	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
 	n.wqe.pages = make([]*bufpool.Page, 0, maxPages)
 	n.wqe.start = make([]int, 0, maxPages)
@@ -393,11 +401,9 @@ func (n *nicState) place(a, b []byte) bool {
 		n.dropped(DropNoBuffer)
 		return false
 	}
-	// Wait for a free CQE: the hardware stalls (flow control) rather than
-	// overwrite completions the driver has not read.
-	for n.prod-d.cons.Load() == uint32(len(d.cq)) {
-		n.waitSpace()
-	}
+	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
+	cost := strides * d.cfg.StrideSize
+	n.waitRoom(cost)
 	cqe := &d.cq[n.prod&d.mask]
 	cqe.ByteCount = uint32(size)
 	cqe.WQE = n.wqeSeq
@@ -419,12 +425,13 @@ func (n *nicState) place(a, b []byte) bool {
 		n.wqe.write(cqe, off, a)
 		n.wqe.write(cqe, off+len(a), b)
 	}
+	n.ringUsed += uint64(cost)
+	cqe.RingEnd = n.ringUsed
 	n.prod++
 	n.pending++
 	n.pendBytes += size
-	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
 	d.stats.Strides.Add(uint64(strides))
-	n.off += strides * d.cfg.StrideSize
+	n.off += cost
 	if n.oneFrame || n.off >= n.wqe.size {
 		n.retire()
 	}
@@ -447,6 +454,9 @@ func (n *nicState) post() bool {
 // quarantine ring until the last packet using them is released (mlx4's
 // recycling, seed 001).
 func (n *nicState) retire() {
+	if n.posted && n.off < n.wqe.size {
+		n.ringUsed += uint64(n.wqe.size - n.off) // skipped: used all the same
+	}
 	n.wqe.release(n.d.pool)
 	n.posted = false
 }
@@ -476,14 +486,37 @@ func (n *nicState) publish() {
 	}
 }
 
-// waitSpace publishes and waits until the poll loop frees CQEs.
-func (n *nicState) waitSpace() {
-	d := n.d
-	d.stats.CQEStalls.Add(1)
-	n.publish()
-	d.nicWaiting.Store(true)
-	if n.prod-d.cons.Load() == uint32(len(d.cq)) {
-		<-d.space
+// waitRoom waits until the ring has room for a frame of cost bytes: a free
+// CQE, and the RQ not full (unless it is empty: a frame larger than the RQ
+// goes in alone). The hardware stalls (flow control) rather than overwrite
+// completions the driver has not read; the NIC model stalls, too, rather
+// than fill more of the ring than the RQ's depth.
+func (n *nicState) waitRoom(cost int) {
+	for {
+		cqFull := n.cqFull()
+		if !cqFull && !n.rqFull(cost) {
+			return
+		}
+		d := n.d
+		if cqFull {
+			d.stats.CQEStalls.Add(1)
+		} else {
+			d.stats.RQStalls.Add(1)
+		}
+		// Publish, then wait for the poll loop to consume: it signals
+		// space after each batch while nicWaiting is set.
+		n.publish()
+		d.nicWaiting.Store(true)
+		if n.cqFull() || n.rqFull(cost) {
+			<-d.space
+		}
+		d.nicWaiting.Store(false)
 	}
-	d.nicWaiting.Store(false)
+}
+
+func (n *nicState) cqFull() bool { return n.prod-n.d.cons.Load() == uint32(len(n.d.cq)) }
+
+func (n *nicState) rqFull(cost int) bool {
+	out := n.ringUsed - n.d.ringFreed.Load()
+	return out > 0 && out+uint64(cost) > n.rqBytes
 }

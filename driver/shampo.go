@@ -249,9 +249,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 		s.open, s.flow, s.flowLen, s.ack, s.off = true, flow, fl, ack, 0
 	}
 	s.last = now
-	for n.prod-d.cons.Load() == uint32(len(d.cq)) {
-		n.waitSpace()
-	}
+	n.waitRoom(len(payload))
 	cqe := &d.cq[n.prod&d.mask]
 	hi := n.prod & d.mask // one header entry per CQE: freed when the CQE is
 	copy(d.headers[int(hi)*shampoHeaderEntry:], hdr)
@@ -268,6 +266,8 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	cqe.DataOffset = uint32(s.off)
 	cqe.NFrags = 0
 	s.resv.write(cqe, s.off, payload)
+	n.ringUsed += uint64(len(payload))
+	cqe.RingEnd = n.ringUsed
 	s.off += len(payload)
 	s.nextSeq = seq + uint32(len(payload))
 	d.shampo.resvUsed.Add(uint64(len(payload)))
@@ -288,6 +288,9 @@ func (n *nicState) closeSession() {
 		return
 	}
 	s.open = false
+	if s.off < s.resv.size {
+		n.ringUsed += uint64(s.resv.size - s.off) // the reservation's unused end
+	}
 	s.resv.release(n.d.pool)
 }
 

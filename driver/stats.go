@@ -22,6 +22,7 @@ type Stats struct {
 	WQEs         atomic.Uint64 // rx_wqes: WQEs (buffers) posted
 	Strides      atomic.Uint64 // rx_strides: strides consumed
 	CQEStalls    atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
+	RQStalls     atomic.Uint64 // rx_rq_stalls: times the NIC waited for the poll loop to free RQ room (Config.RQSize)
 	NICWakeups   atomic.Uint64 // rx_irqs: interrupts raised to wake the poll loop
 
 	// Poll loop.
@@ -61,6 +62,7 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_wqes", s.WQEs.Load())
 	fn("rx_strides", s.Strides.Load())
 	fn("rx_cqe_stalls", s.CQEStalls.Load())
+	fn("rx_rq_stalls", s.RQStalls.Load())
 	fn("rx_csum_partial", s.CsumPartial.Load())
 	fn("rx_csum_unnecessary", s.CsumUnneeded.Load())
 	fn("rx_csum_complete", s.CsumComplete.Load())

@@ -283,10 +283,11 @@ func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstac
 const ZeroCopyRingPages = 4096
 
 // ringPages sizes the pool's quarantine ring for every page the RX ring can
-// have in flight: each completion entry's frame may span a page more than
-// its length needs, and one WQE is being filled. Pages come back to the ring
-// only when nothing references them, so a ring smaller than that would drop
-// pages still in use and allocate new ones.
+// have in flight: the frames of the RQ's WQEs (driver.Config.RQSize), or of
+// the completion entries if those are fewer, each of which may span a page
+// more than its length needs, and the WQE being filled. Pages come back to
+// the ring only when nothing references them, so a ring smaller than that
+// would drop pages still in use and allocate new ones.
 func ringPages(dc *driver.Config, pc *bufpool.Config) int {
 	page := pc.PageSize
 	if page == 0 {
@@ -303,11 +304,8 @@ func ringPages(dc *driver.Config, pc *bufpool.Config) int {
 	if entries == 0 {
 		entries = driver.DefaultRingSize
 	}
-	wqe := dc.WQEBytes
-	if wqe == 0 {
-		wqe = driver.DefaultWQEBytes
-	}
-	return entries*(frame/page+2) + wqe/page + 1
+	wqes, wqe := dc.RQDepth()
+	return min(entries*(frame/page+2), wqes*(wqe/page+2)) + wqe/page + 1
 }
 
 // multicastMACs returns the Ethernet groups the stack listens to: IPv4

@@ -30,6 +30,7 @@ type policy struct {
 	budget   int
 	coalesce int
 	ring     int
+	rqSize   int
 	order    int
 	pageSize string
 	nicCPU   string
@@ -65,6 +66,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
 	fs.IntVar(&p.coalesce, "coalesce-bytes", 0, "interrupt moderation by bytes: the NIC model publishes completions once they hold this many bytes, if before -budget frames (0: by frames only)")
 	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
+	fs.IntVar(&p.rqSize, "rq-size", 0, "receive queue depth in WQEs: ring memory the NIC model fills ahead of the poll loop (0: 8 striding WQEs, or -rx-ring frames with a buffer per frame)")
 	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
 	fs.StringVar(&p.pageSize, "page-size", "4k", "base page size: 4k|64k")
 	fs.StringVar(&p.recycle, "pool-recycle", "on", "recycle RX pages through the pool's quarantine ring (mlx4, seed 001): on|off (off: a fresh page for every frame)")
@@ -161,6 +163,7 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	c.Driver.Budget = p.budget
 	c.Driver.CoalesceBytes = p.coalesce
 	c.Driver.RingSize = p.ring
+	c.Driver.RQSize = p.rqSize
 	c.Pool.Order = p.order
 	switch p.pageSize {
 	case "4k":
@@ -236,6 +239,9 @@ func (p *policy) String() string {
 	}
 	if p.wireRead == "bounce" {
 		s += " wire-read=bounce"
+	}
+	if p.rqSize != 0 {
+		s += fmt.Sprintf(" rq-size=%d", p.rqSize)
 	}
 	if p.rmemMax != 0 {
 		s += fmt.Sprintf(" tcp-rmem-max=%d", p.rmemMax)

@@ -1,0 +1,114 @@
+package driver
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
+
+// gatedHandler holds the poll loop in its first Deliver until open is
+// closed, as a stack too slow for the wire would, then passes everything to
+// the collector.
+type gatedHandler struct {
+	*collector
+	open chan struct{}
+}
+
+func (g *gatedHandler) Deliver(p *Packet) {
+	<-g.open
+	g.collector.Deliver(p)
+}
+
+// TestRQSizeBoundsRing has the poll loop stop while super-frames keep
+// coming: the NIC model may fill RQSize WQEs of ring ahead of it and must
+// then stall (rx_rq_stalls), the pool's pages bounded by the RQ rather than
+// by the completion queue or the burst. When the poll loop goes on, every
+// byte arrives, in order.
+func TestRQSizeBoundsRing(t *testing.T) {
+	const (
+		frames  = 48
+		payload = 60000 // 48 super-frames: 2.9 MB, past any of the RQs below
+	)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"lro/rq-2", Config{LRO: true, RQSize: 2}},
+		{"lro/rq-4", Config{LRO: true, RQSize: 4}},
+		{"segmented/rq-2", Config{RQSize: 2}},
+		{"hw-gro/rq-2", Config{HWGRO: HWGROCoalesce, RQSize: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &gatedHandler{collector: &collector{keep: true}, open: make(chan struct{})}
+			d, w := newTestDriver(t, tc.cfg, g)
+			gateOpen := false
+			defer func() {
+				if !gateOpen {
+					close(g.open) // let Close drain
+				}
+			}()
+			var sent [][]byte
+			for i := range frames {
+				p := make([]byte, payload)
+				for j := range p {
+					p[j] = byte(i*31 + j*7 + j>>9)
+				}
+				spec := pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck,
+					seq: 1000 + uint32(i*payload), ack: 1, payload: p}
+				h, frame, fi := pkSuperFrame(t, spec, VirtioNetHdrGSOTCPv4, mss4)
+				if err := w.Write(wireFrame(h, frame)); err != nil {
+					t.Fatal(err)
+				}
+				sent = append(sent, frame[fi.HeaderLen():])
+			}
+			st := d.Stats()
+			deadline := time.Now().Add(10 * time.Second)
+			for st.RQStalls.Load() == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("rx_rq_stalls: still 0 after 10 s with the poll loop stopped (rx_cqe_stalls %d, pages in use %d)",
+						st.CQEStalls.Load(), d.Pool().InUse())
+				}
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond) // give a NIC model that does not stall the time to show it
+			cfg := d.Config()
+			bound := ((cfg.RQSize + 1) * (cfg.WQEBytes/4096 + 2))
+			if n := d.Pool().InUse(); n > bound {
+				t.Errorf("pages in use with the poll loop stopped: %d, want at most %d (RQ %d WQEs of %d bytes, and the one being filled)",
+					n, bound, cfg.RQSize, cfg.WQEBytes)
+			}
+			if reads := st.WireReads.Load(); reads == frames {
+				t.Errorf("the NIC model read all %d super-frames with the poll loop stopped: the RQ did not stall it", reads)
+			}
+			close(g.open)
+			gateOpen = true
+			deadline = time.Now().Add(10 * time.Second)
+			for g.bytes.Load() < frames*payload {
+				if time.Now().After(deadline) {
+					t.Fatalf("after the poll loop went on: %d of %d super-frames read, %d of %d payload bytes delivered",
+						st.WireReads.Load(), frames, g.bytes.Load(), frames*payload)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			want := bytes.Join(sent, nil)
+			var got []byte
+			g.mu.Lock()
+			for i, f := range g.frames {
+				var pfi FrameInfo
+				if drop := ParseFrame(f, &pfi); drop != DropNone {
+					t.Fatalf("packet %d does not parse: %v", i, drop)
+				}
+				got = append(got, f[pfi.HeaderLen():pfi.L2Len+pfi.IPLen]...)
+			}
+			g.mu.Unlock()
+			if !bytes.Equal(got, want) {
+				t.Errorf("payload delivered differs from the payload sent (%d vs %d bytes)", len(got), len(want))
+			}
+			if n := st.Dropped[DropNoBuffer].Load(); n != 0 {
+				t.Errorf("rx_drop_no_buffer: %d, want 0 (the RQ stalls, it does not drop)", n)
+			}
+		})
+	}
+}
