@@ -302,10 +302,12 @@ func (srv *IPerf3Server) dispatch(c net.Conn) {
 			}
 		}()
 	case t.state.Load() == iperf3CreateStreams && !t.set.udp:
+		seq := t.accepts
+		t.accepts++
 		srv.wg.Add(1)
 		go func() {
 			defer srv.wg.Done()
-			t.joinTCP(c)
+			t.joinTCP(c, seq)
 		}()
 	default:
 		srv.wg.Add(1)

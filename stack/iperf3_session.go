@@ -1,10 +1,12 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +27,8 @@ type iperf3Test struct {
 	state atomic.Int32
 
 	udp      net.PacketConn     // UDP tests: the stream socket
-	tcpJoin  chan net.Conn      // TCP streams whose cookie matched
+	tcpJoin  chan tcpJoin       // TCP streams whose cookie matched
+	accepts  int                // connections dispatch handed to joinTCP (under srv.mu)
 	udpJoin  chan *iperf3Stream // UDP streams that said hello
 	ctrlMsgs chan iperf3CtrlMsg // from the control reader
 	streams  []*iperf3Stream    // owned by run
@@ -42,6 +45,13 @@ type iperf3Test struct {
 	omitted  atomic.Pointer[time.Time] // end of the omitted seconds, once passed
 }
 
+// tcpJoin is a TCP stream whose cookie matched, with its place in the
+// order the server accepted connections.
+type tcpJoin struct {
+	conn net.Conn
+	seq  int
+}
+
 type iperf3CtrlMsg struct {
 	state int8
 	err   error
@@ -54,6 +64,7 @@ type iperf3Stream struct {
 	id   int
 	send bool     // the server sends on it
 	conn net.Conn // TCP stream
+	seq  int      // TCP stream: its place in the server's accept order
 	peer net.Addr // UDP stream: the client's socket
 
 	// retrans is the TCP endpoint's retransmit counter (nil: unknown).
@@ -79,7 +90,7 @@ func newIPerf3Test(srv *IPerf3Server, c net.Conn) *iperf3Test {
 	return &iperf3Test{
 		srv:      srv,
 		ctrl:     c,
-		tcpJoin:  make(chan net.Conn),
+		tcpJoin:  make(chan tcpJoin),
 		udpJoin:  make(chan *iperf3Stream),
 		ctrlMsgs: make(chan iperf3CtrlMsg),
 		halt:     make(chan struct{}),
@@ -253,14 +264,24 @@ func (t *iperf3Test) armRead(d time.Duration) {
 }
 
 // collectStreams waits for the test's streams to connect, at most step.
+// TCP streams are numbered in the order the server accepted them, as
+// iperf3's accept loop does (the client connects them one after the other),
+// though their cookies are read concurrently.
 func (t *iperf3Test) collectStreams(step time.Duration) error {
 	timer := time.NewTimer(step)
 	defer timer.Stop()
+	defer func() {
+		slices.SortStableFunc(t.streams, func(a, b *iperf3Stream) int { return cmp.Compare(a.seq, b.seq) })
+		for i, s := range t.streams {
+			if s.conn != nil {
+				s.id, s.send = iperf3StreamID(i), t.set.sender(i)
+			}
+		}
+	}()
 	for len(t.streams) < t.set.total() {
 		select {
-		case c := <-t.tcpJoin:
-			i := len(t.streams)
-			t.streams = append(t.streams, &iperf3Stream{id: iperf3StreamID(i), send: t.set.sender(i), conn: c, retrans: tcpRetransmits(c)})
+		case j := <-t.tcpJoin:
+			t.streams = append(t.streams, &iperf3Stream{conn: j.conn, seq: j.seq, retrans: tcpRetransmits(j.conn)})
 		case s := <-t.udpJoin:
 			t.streams = append(t.streams, s)
 		case m := <-t.ctrlMsgs:

@@ -14,7 +14,7 @@ import (
 // joinTCP reads a new connection's cookie and hands it to the test as a
 // stream if the cookie is the test's; a stranger gets ACCESS_DENIED
 // (iperf_tcp_accept).
-func (t *iperf3Test) joinTCP(c net.Conn) {
+func (t *iperf3Test) joinTCP(c net.Conn, seq int) {
 	var cookie [iperf3CookieSize]byte
 	c.SetReadDeadline(time.Now().Add(t.srv.cfg.stepTimeout()))
 	stop := context.AfterFunc(t.srv.ctx, func() { c.Close() })
@@ -29,7 +29,7 @@ func (t *iperf3Test) joinTCP(c net.Conn) {
 		return
 	}
 	select {
-	case t.tcpJoin <- c:
+	case t.tcpJoin <- tcpJoin{c, seq}:
 	case <-t.stop:
 		c.Close()
 	}

@@ -119,6 +119,16 @@ func (c *testClient) start(params map[string]any) {
 // dialStream connects a TCP stream and sends the cookie.
 func (c *testClient) dialStream() net.Conn {
 	c.t.Helper()
+	s := c.connectStream()
+	if _, err := s.Write(c.cookie[:]); err != nil {
+		c.t.Fatal(err)
+	}
+	return s
+}
+
+// connectStream connects a TCP stream; the caller sends the cookie.
+func (c *testClient) connectStream() net.Conn {
+	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), iperf3TestTimeout)
 	defer cancel()
 	s, err := c.peer.DialTCP(ctx, iperf3Addr)
@@ -127,9 +137,6 @@ func (c *testClient) dialStream() net.Conn {
 	}
 	c.t.Cleanup(func() { s.Close() })
 	s.SetDeadline(time.Now().Add(iperf3TestTimeout))
-	if _, err := s.Write(c.cookie[:]); err != nil {
-		c.t.Fatal(err)
-	}
 	return s
 }
 
@@ -240,6 +247,43 @@ func TestIPerf3TCP(t *testing.T) {
 	}
 	if r.Client.Addr() != netip.MustParseAddr("192.0.2.2") {
 		t.Errorf("result client: got %v, want 192.0.2.2", r.Client)
+	}
+}
+
+// TestIPerf3StreamOrder numbers TCP streams in the order the server
+// accepted them, as iperf3 does, even when the second stream's cookie comes
+// first: the client matches the results to its streams by number.
+func TestIPerf3StreamOrder(t *testing.T) {
+	rx, peer := pair(t, driver.Config{})
+	srv, results := startIPerf3(t, rx, IPerf3Config{})
+	c := dialIPerf3(t, peer, testCookie)
+	c.start(map[string]any{"tcp": true, "time": 10, "parallel": 2, "len": 1000, "client_version": "3.12"})
+	first := c.connectStream()
+	second := c.dialStream()
+	time.Sleep(100 * time.Millisecond) // the second stream joins first
+	if _, err := first.Write(c.cookie[:]); err != nil {
+		t.Fatal(err)
+	}
+	c.expect(iperf3TestStart)
+	c.expect(iperf3TestRunning)
+	sizes := []int{200 << 10, 50<<10 + 3}
+	for i, s := range []net.Conn{first, second} {
+		if _, err := s.Write(make([]byte, sizes[i])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "server reads every byte", func() bool { return srv.received() == uint64(sizes[0]+sizes[1]) })
+	got := c.finish(iperf3Results{SenderHasRetransmits: 1, Streams: []iperf3StreamResult{{ID: 1, Bytes: uint64(sizes[0])}, {ID: 3, Bytes: uint64(sizes[1])}}})
+	if len(got.Streams) != 2 {
+		t.Fatalf("streams in results: got %d, want 2", len(got.Streams))
+	}
+	for i, s := range got.Streams {
+		if s.ID != iperf3StreamID(i) || s.Bytes != uint64(sizes[i]) {
+			t.Errorf("stream %d: got id %d with %d bytes, want id %d with %d (the streams in accept order)", i, s.ID, s.Bytes, iperf3StreamID(i), sizes[i])
+		}
+	}
+	if r := result(t, results); r.Err != nil {
+		t.Errorf("result error: %v", r.Err)
 	}
 }
 
