@@ -144,6 +144,12 @@ type Config struct {
 	// catches up, as it does on a full completion queue: a burst as wide
 	// as the sender's window waits in the wire, not in the ring's pages.
 	RQSize int
+	// RQDrop makes the NIC model drop a frame that finds the RQ full
+	// (rx_drop_out_of_buffer, mlx5's rx_out_of_buffer), as a NIC whose
+	// driver has not posted buffers in time does, instead of stalling
+	// until the poll loop frees room. A full completion queue still
+	// stalls.
+	RQDrop bool
 	// StrideSize is the striding RQ's stride in bytes (default 64).
 	StrideSize int
 	// WQEBytes is the size of one striding WQE (default 256 KB).

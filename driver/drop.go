@@ -31,6 +31,7 @@ const (
 	DropTooBig                // frame larger than the MTU allows
 	DropTunnelProto           // to a local tunnel address (TunnelConfig), next header neither 4, 41 nor ICMPv6
 	DropBadTunnel             // tunnel frame that cannot be decapsulated: outer fragment, outer header too long, GSO
+	DropOutOfBuffer           // the RQ was full, with Config.RQDrop (mlx5's rx_out_of_buffer)
 	NumDrops                  // number of Drop values
 )
 
@@ -57,6 +58,7 @@ var dropNames = [NumDrops]string{
 	DropTooBig:           "rx_drop_too_big",
 	DropTunnelProto:      "rx_drop_tunnel_proto",
 	DropBadTunnel:        "rx_drop_bad_tunnel",
+	DropOutOfBuffer:      "rx_drop_out_of_buffer",
 }
 
 // String returns the drop counter's name in ethtool -S style, such as

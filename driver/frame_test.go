@@ -571,7 +571,8 @@ func TestDropString(t *testing.T) {
 		{DropTooBig, "rx_drop_too_big"},
 		{DropTunnelProto, "rx_drop_tunnel_proto"},
 		{DropBadTunnel, "rx_drop_bad_tunnel"},
-		{NumDrops, "rx_drop_unknown_22"},
+		{DropOutOfBuffer, "rx_drop_out_of_buffer"},
+		{NumDrops, "rx_drop_unknown_23"},
 		{255, "rx_drop_unknown_255"},
 	}
 	for _, tt := range tests {

@@ -403,7 +403,10 @@ func (n *nicState) place(a, b []byte) bool {
 	}
 	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
 	cost := strides * d.cfg.StrideSize
-	n.waitRoom(cost)
+	if !n.waitRoom(cost) {
+		n.dropped(DropOutOfBuffer)
+		return false
+	}
 	cqe := &d.cq[n.prod&d.mask]
 	cqe.ByteCount = uint32(size)
 	cqe.WQE = n.wqeSeq
@@ -490,16 +493,24 @@ func (n *nicState) publish() {
 // CQE, and the RQ not full (unless it is empty: a frame larger than the RQ
 // goes in alone). The hardware stalls (flow control) rather than overwrite
 // completions the driver has not read; the NIC model stalls, too, rather
-// than fill more of the ring than the RQ's depth.
-func (n *nicState) waitRoom(cost int) {
+// than fill more of the ring than the RQ's depth, unless Config.RQDrop has
+// it drop the frame: then waitRoom reports false.
+func (n *nicState) waitRoom(cost int) bool {
 	for {
 		cqFull := n.cqFull()
 		if !cqFull && !n.rqFull(cost) {
-			return
+			return true
 		}
 		d := n.d
 		if cqFull {
 			d.stats.CQEStalls.Add(1)
+		} else if d.cfg.RQDrop {
+			// What the ring holds goes to the poll loop now, as a NIC's
+			// completions reach the driver without waiting for the
+			// wire to go quiet: else the RQ stays full while frames
+			// keep coming, and every one of them is dropped.
+			n.publish()
+			return false
 		} else {
 			d.stats.RQStalls.Add(1)
 		}

@@ -112,3 +112,70 @@ func TestRQSizeBoundsRing(t *testing.T) {
 		})
 	}
 }
+
+// TestRQDrop is TestRQSizeBoundsRing with Config.RQDrop: the NIC model
+// reads on while the poll loop stands still, and drops (and counts) what
+// finds the RQ full instead of stalling. What it placed before arrives
+// whole once the poll loop goes on.
+func TestRQDrop(t *testing.T) {
+	const (
+		frames  = 48
+		payload = 60000
+	)
+	g := &gatedHandler{collector: &collector{keep: true}, open: make(chan struct{})}
+	d, w := newTestDriver(t, Config{LRO: true, RQSize: 2, RQDrop: true}, g)
+	gateOpen := false
+	defer func() {
+		if !gateOpen {
+			close(g.open)
+		}
+	}()
+	var sent [][]byte
+	for i := range frames {
+		p := make([]byte, payload)
+		for j := range p {
+			p[j] = byte(i*29 + j*5 + j>>9)
+		}
+		spec := pkSpec{l3: L3IPv6, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck,
+			seq: 1000 + uint32(i*payload), ack: 1, payload: p}
+		h, frame, fi := pkSuperFrame(t, spec, VirtioNetHdrGSOTCPv6, mss6)
+		if err := w.Write(wireFrame(h, frame)); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, frame[fi.HeaderLen():])
+	}
+	st := d.Stats()
+	deadline := time.Now().Add(10 * time.Second)
+	for st.WireReads.Load() < frames {
+		if time.Now().After(deadline) {
+			t.Fatalf("the NIC model read %d of %d super-frames with the poll loop stopped: with RQDrop it must not stall", st.WireReads.Load(), frames)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cfg := d.Config()
+	if n, bound := d.Pool().InUse(), (cfg.RQSize+1)*(cfg.WQEBytes/4096+2); n > bound {
+		t.Errorf("pages in use with the poll loop stopped: %d, want at most %d", n, bound)
+	}
+	dropped := st.Dropped[DropOutOfBuffer].Load()
+	if dropped == 0 || st.RQStalls.Load() != 0 {
+		t.Fatalf("rx_drop_out_of_buffer %d, rx_rq_stalls %d: want > 0 and 0", dropped, st.RQStalls.Load())
+	}
+	close(g.open)
+	gateOpen = true
+	placed := frames - int(dropped)
+	g.waitFor(t, int64(placed))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.frames) != placed {
+		t.Fatalf("delivered %d super-frames, want %d (%d read, %d dropped)", len(g.frames), placed, frames, dropped)
+	}
+	for i, f := range g.frames {
+		var pfi FrameInfo
+		if drop := ParseFrame(f, &pfi); drop != DropNone {
+			t.Fatalf("packet %d does not parse: %v", i, drop)
+		}
+		if !bytes.Equal(f[pfi.HeaderLen():pfi.L2Len+pfi.IPLen], sent[i]) {
+			t.Errorf("super-frame %d delivered differs from the one sent", i)
+		}
+	}
+}

@@ -249,7 +249,10 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 		s.open, s.flow, s.flowLen, s.ack, s.off = true, flow, fl, ack, 0
 	}
 	s.last = now
-	n.waitRoom(len(payload))
+	if !n.waitRoom(len(payload)) {
+		n.dropped(DropOutOfBuffer)
+		return true
+	}
 	cqe := &d.cq[n.prod&d.mask]
 	hi := n.prod & d.mask // one header entry per CQE: freed when the CQE is
 	copy(d.headers[int(hi)*shampoHeaderEntry:], hdr)

@@ -31,6 +31,7 @@ type policy struct {
 	coalesce int
 	ring     int
 	rqSize   int
+	rqFull   string
 	order    int
 	pageSize string
 	nicCPU   string
@@ -66,6 +67,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
 	fs.IntVar(&p.coalesce, "coalesce-bytes", 0, "interrupt moderation by bytes: the NIC model publishes completions once they hold this many bytes, if before -budget frames (0: by frames only)")
 	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
+	fs.StringVar(&p.rqFull, "rq-full", "stall", "when the RQ is full: stall (the NIC model waits for the poll loop, the wire queues) or drop (rx_drop_out_of_buffer, as a NIC without posted buffers)")
 	fs.IntVar(&p.rqSize, "rq-size", 0, "receive queue depth in WQEs: ring memory the NIC model fills ahead of the poll loop (0: 8 striding WQEs, or -rx-ring frames with a buffer per frame)")
 	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
 	fs.StringVar(&p.pageSize, "page-size", "4k", "base page size: 4k|64k")
@@ -131,6 +133,13 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	c.Driver.MTU = p.mtu
 	if c.Driver.RQ, err = driver.ParseRQMode(p.rq); err != nil {
 		return c, err
+	}
+	switch p.rqFull {
+	case "", "stall":
+	case "drop":
+		c.Driver.RQDrop = true
+	default:
+		return c, fmt.Errorf("rq-full %q: want stall or drop", p.rqFull)
 	}
 	switch p.wireRead {
 	case "", "direct":
@@ -242,6 +251,9 @@ func (p *policy) String() string {
 	}
 	if p.rqSize != 0 {
 		s += fmt.Sprintf(" rq-size=%d", p.rqSize)
+	}
+	if p.rqFull == "drop" {
+		s += " rq-full=drop"
 	}
 	if p.rmemMax != 0 {
 		s += fmt.Sprintf(" tcp-rmem-max=%d", p.rmemMax)
