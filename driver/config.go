@@ -139,7 +139,8 @@ type Config struct {
 	// ring memory the NIC model may fill before the poll loop has taken
 	// the completions out of it, RQSize times WQEBytes with the striding
 	// RQ, RQSize frames with the cyclic one or PagePerFrame (default
-	// DefaultRQSizeStriding, or RingSize for a WQE per frame). When it is
+	// DefaultRQSizeStriding, or RingSize for a WQE per frame; at least
+	// 2, so that a frame always fits beside an unused WQE tail). When it is
 	// full the NIC model stalls (rx_rq_stalls) until the poll loop
 	// catches up, as it does on a full completion queue: a burst as wide
 	// as the sender's window waits in the wire, not in the ring's pages.
@@ -262,7 +263,6 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// maxFrame is the largest frame the RX queue accepts.
 // RQDepth returns the receive queue's depth with c's settings, defaults
 // applied: its WQEs (Config.RQSize) and the bytes of each. The NIC model
 // fills at most wqes*wqeBytes of ring ahead of the poll loop.
@@ -290,6 +290,7 @@ func (c Config) RQDepth() (wqes, wqeBytes int) {
 	return wqes, wqeBytes
 }
 
+// maxFrame is the largest frame the RX queue accepts.
 func (c *Config) maxFrame() int {
 	if c.LRO {
 		return maxLROFrame

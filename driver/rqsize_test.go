@@ -179,3 +179,42 @@ func TestRQDrop(t *testing.T) {
 		}
 	}
 }
+
+func TestRQDepth(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		cfg            Config
+		wqes, wqeBytes int
+	}{
+		{"striding default", Config{}, DefaultRQSizeStriding, DefaultWQEBytes},
+		{"striding set", Config{RQSize: 32, WQEBytes: 1 << 17}, 32, 1 << 17},
+		{"cyclic", Config{RQ: RQCyclic}, DefaultRingSize, DefaultMTU + 18},
+		{"cyclic lro ring 256", Config{RQ: RQCyclic, LRO: true, RingSize: 256}, 256, maxLROFrame},
+		{"page per frame mtu 9000", Config{PagePerFrame: true, MTU: 9000}, DefaultRingSize, 9000 + 18},
+	} {
+		if w, b := tc.cfg.RQDepth(); w != tc.wqes || b != tc.wqeBytes {
+			t.Errorf("%s: RQDepth() = %d WQEs of %d bytes, want %d of %d", tc.name, w, b, tc.wqes, tc.wqeBytes)
+		}
+	}
+}
+
+// TestConfigRejects checks that New refuses settings the NIC model cannot
+// run with, the RQ's among them, rather than misbehave later.
+func TestConfigRejects(t *testing.T) {
+	for _, cfg := range []Config{
+		{RQSize: 1},
+		{RQSize: -4},
+		{RingSize: 3},
+		{Budget: 2048},
+		{CoalesceBytes: -1},
+		{StrideSize: 32},
+		{LRO: true, HWGRO: HWGROOn},
+		{MTU: 40},
+	} {
+		a, _ := NewMemPair(1, 64)
+		if _, err := New(a, cfg); err == nil {
+			t.Errorf("New(%+v): no error", cfg)
+		}
+		a.Close()
+	}
+}
