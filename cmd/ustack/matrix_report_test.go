@@ -186,7 +186,7 @@ func TestPolicyFromSettings(t *testing.T) {
 // TestPolicyStackConfig checks that this session's switches reach the
 // stack's and driver's configuration, and that bad values are refused.
 func TestPolicyStackConfig(t *testing.T) {
-	p, err := policyFromSettings([]string{"wire-read=bounce", "coalesce-bytes=262144", "tcp-rmem-max=67108864"})
+	p, err := policyFromSettings([]string{"wire-read=bounce", "coalesce-bytes=262144", "tcp-rmem-max=67108864", "rq-size=4", "rq-full=drop"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,11 @@ func TestPolicyStackConfig(t *testing.T) {
 	if !c.Driver.BounceRead || c.Driver.CoalesceBytes != 262144 || c.TCPReceiveBufferMax != 64<<20 {
 		t.Errorf("got BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d", c.Driver.BounceRead, c.Driver.CoalesceBytes, c.TCPReceiveBufferMax)
 	}
-	if s := p.String(); !strings.Contains(s, "wire-read=bounce") || !strings.Contains(s, "coalesce-bytes=262144") || !strings.Contains(s, "tcp-rmem-max=67108864") {
+	if c.Driver.RQSize != 4 || !c.Driver.RQDrop {
+		t.Errorf("got RQSize %d, RQDrop %v, want 4, true", c.Driver.RQSize, c.Driver.RQDrop)
+	}
+	if s := p.String(); !strings.Contains(s, "wire-read=bounce") || !strings.Contains(s, "coalesce-bytes=262144") || !strings.Contains(s, "tcp-rmem-max=67108864") ||
+		!strings.Contains(s, "rq-size=4") || !strings.Contains(s, "rq-full=drop") {
 		t.Errorf("String: %q does not name the switches", s)
 	}
 	base := basePolicy(1500)
@@ -205,10 +209,11 @@ func TestPolicyStackConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if def.Driver.BounceRead || def.Driver.CoalesceBytes != 0 || def.TCPReceiveBufferMax != 0 {
-		t.Errorf("defaults: BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d, want false, 0, 0", def.Driver.BounceRead, def.Driver.CoalesceBytes, def.TCPReceiveBufferMax)
+	if def.Driver.BounceRead || def.Driver.CoalesceBytes != 0 || def.TCPReceiveBufferMax != 0 || def.Driver.RQSize != 0 || def.Driver.RQDrop {
+		t.Errorf("defaults: BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d, RQSize %d, RQDrop %v, want false, 0, 0, 0, false",
+			def.Driver.BounceRead, def.Driver.CoalesceBytes, def.TCPReceiveBufferMax, def.Driver.RQSize, def.Driver.RQDrop)
 	}
-	for _, bad := range []string{"wire-read=dma", "tcp-rmem-max=-1"} {
+	for _, bad := range []string{"wire-read=dma", "tcp-rmem-max=-1", "rq-full=maybe"} {
 		p, err := policyFromSettings([]string{bad})
 		if err == nil {
 			_, err = p.stackConfig()
