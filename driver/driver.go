@@ -11,9 +11,9 @@
 // (the hardware); it posts one CQE per frame into a single-producer,
 // single-consumer completion queue, publishes the CQEs every Budget frames
 // (or CoalesceBytes bytes) and whenever the wire runs dry, and raises an
-// interrupt when the poll loop sleeps. The poll loop runs in a second goroutine (the softirq) and
-// calls the Handler for each packet, in ring order, then Flush once per
-// batch of at most Budget packets. Transmit may be called from any
+// interrupt when the poll loop sleeps. The poll loop runs in a second
+// goroutine (the softirq) and calls the Handler for each packet, in ring
+// order, then Flush once per batch of at most Budget packets. Transmit may be called from any
 // goroutine.
 package driver
 

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"bytes"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,11 +15,49 @@ import (
 type gatedHandler struct {
 	*collector
 	open chan struct{}
+	once sync.Once
 }
 
 func (g *gatedHandler) Deliver(p *Packet) {
 	<-g.open
 	g.collector.Deliver(p)
+}
+
+// release lets the poll loop go on.
+func (g *gatedHandler) release() { g.once.Do(func() { close(g.open) }) }
+
+// newGatedDriver is newTestDriver with a gatedHandler that keeps copies,
+// released at the latest before the driver's Close, so that Close drains.
+func newGatedDriver(t *testing.T, cfg Config) (*Driver, *MemWire, *gatedHandler) {
+	g := &gatedHandler{collector: &collector{keep: true}, open: make(chan struct{})}
+	d, w := newTestDriver(t, cfg, g)
+	t.Cleanup(g.release) // cleanups run last first: before the driver's
+	return d, w, g
+}
+
+// writeSuperFrames writes frames TCP super-frames of payload bytes each,
+// one flow in sequence, every payload different, and returns the payloads.
+func writeSuperFrames(t *testing.T, w *MemWire, l3 L3Type, frames, payload int) [][]byte {
+	t.Helper()
+	gt, mss := uint8(VirtioNetHdrGSOTCPv4), uint16(mss4)
+	if l3 == L3IPv6 {
+		gt, mss = VirtioNetHdrGSOTCPv6, mss6
+	}
+	var sent [][]byte
+	for i := range frames {
+		p := make([]byte, payload)
+		for j := range p {
+			p[j] = byte(i*31 + j*7 + j>>9)
+		}
+		spec := pkSpec{l3: l3, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck,
+			seq: 1000 + uint32(i*payload), ack: 1, payload: p}
+		h, frame, fi := pkSuperFrame(t, spec, gt, mss)
+		if err := w.Write(wireFrame(h, frame)); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, frame[fi.HeaderLen():])
+	}
+	return sent
 }
 
 // TestRQSizeBoundsRing has the poll loop stop while super-frames keep
@@ -41,28 +80,8 @@ func TestRQSizeBoundsRing(t *testing.T) {
 		{"hw-gro/rq-2", Config{HWGRO: HWGROCoalesce, RQSize: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := &gatedHandler{collector: &collector{keep: true}, open: make(chan struct{})}
-			d, w := newTestDriver(t, tc.cfg, g)
-			gateOpen := false
-			defer func() {
-				if !gateOpen {
-					close(g.open) // let Close drain
-				}
-			}()
-			var sent [][]byte
-			for i := range frames {
-				p := make([]byte, payload)
-				for j := range p {
-					p[j] = byte(i*31 + j*7 + j>>9)
-				}
-				spec := pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck,
-					seq: 1000 + uint32(i*payload), ack: 1, payload: p}
-				h, frame, fi := pkSuperFrame(t, spec, VirtioNetHdrGSOTCPv4, mss4)
-				if err := w.Write(wireFrame(h, frame)); err != nil {
-					t.Fatal(err)
-				}
-				sent = append(sent, frame[fi.HeaderLen():])
-			}
+			d, w, g := newGatedDriver(t, tc.cfg)
+			sent := writeSuperFrames(t, w, L3IPv4, frames, payload)
 			st := d.Stats()
 			deadline := time.Now().Add(10 * time.Second)
 			for st.RQStalls.Load() == 0 {
@@ -82,8 +101,7 @@ func TestRQSizeBoundsRing(t *testing.T) {
 			if reads := st.WireReads.Load(); reads == frames {
 				t.Errorf("the NIC model read all %d super-frames with the poll loop stopped: the RQ did not stall it", reads)
 			}
-			close(g.open)
-			gateOpen = true
+			g.release()
 			deadline = time.Now().Add(10 * time.Second)
 			for g.bytes.Load() < frames*payload {
 				if time.Now().After(deadline) {
@@ -122,28 +140,8 @@ func TestRQDrop(t *testing.T) {
 		frames  = 48
 		payload = 60000
 	)
-	g := &gatedHandler{collector: &collector{keep: true}, open: make(chan struct{})}
-	d, w := newTestDriver(t, Config{LRO: true, RQSize: 2, RQDrop: true}, g)
-	gateOpen := false
-	defer func() {
-		if !gateOpen {
-			close(g.open)
-		}
-	}()
-	var sent [][]byte
-	for i := range frames {
-		p := make([]byte, payload)
-		for j := range p {
-			p[j] = byte(i*29 + j*5 + j>>9)
-		}
-		spec := pkSpec{l3: L3IPv6, proto: protoTCP, tcpTS: true, tcpFlags: header.TCPFlagAck,
-			seq: 1000 + uint32(i*payload), ack: 1, payload: p}
-		h, frame, fi := pkSuperFrame(t, spec, VirtioNetHdrGSOTCPv6, mss6)
-		if err := w.Write(wireFrame(h, frame)); err != nil {
-			t.Fatal(err)
-		}
-		sent = append(sent, frame[fi.HeaderLen():])
-	}
+	d, w, g := newGatedDriver(t, Config{LRO: true, RQSize: 2, RQDrop: true})
+	sent := writeSuperFrames(t, w, L3IPv6, frames, payload)
 	st := d.Stats()
 	deadline := time.Now().Add(10 * time.Second)
 	for st.WireReads.Load() < frames {
@@ -160,8 +158,7 @@ func TestRQDrop(t *testing.T) {
 	if dropped == 0 || st.RQStalls.Load() != 0 {
 		t.Fatalf("rx_drop_out_of_buffer %d, rx_rq_stalls %d: want > 0 and 0", dropped, st.RQStalls.Load())
 	}
-	close(g.open)
-	gateOpen = true
+	g.release()
 	placed := frames - int(dropped)
 	g.waitFor(t, int64(placed))
 	g.mu.Lock()

@@ -134,19 +134,11 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	if c.Driver.RQ, err = driver.ParseRQMode(p.rq); err != nil {
 		return c, err
 	}
-	switch p.rqFull {
-	case "", "stall":
-	case "drop":
-		c.Driver.RQDrop = true
-	default:
-		return c, fmt.Errorf("rq-full %q: want stall or drop", p.rqFull)
+	if c.Driver.RQDrop, err = choice("rq-full", p.rqFull, "stall", "drop"); err != nil {
+		return c, err
 	}
-	switch p.wireRead {
-	case "", "direct":
-	case "bounce":
-		c.Driver.BounceRead = true
-	default:
-		return c, fmt.Errorf("wire-read %q: want direct or bounce", p.wireRead)
+	if c.Driver.BounceRead, err = choice("wire-read", p.wireRead, "direct", "bounce"); err != nil {
+		return c, err
 	}
 	if c.Driver.LRO, err = driver.ParseOnOff("lro", p.lro); err != nil {
 		return c, err
@@ -232,6 +224,18 @@ func (p *policy) stackConfig() (stack.Config, error) {
 		return c, fmt.Errorf("poll-cpu: %w", err)
 	}
 	return c, nil
+}
+
+// choice parses the value of a two-way switch: false for off (or empty),
+// true for on.
+func choice(name, value, off, on string) (bool, error) {
+	switch value {
+	case "", off:
+		return false, nil
+	case on:
+		return true, nil
+	}
+	return false, fmt.Errorf("%s %q: want %s or %s", name, value, off, on)
 }
 
 // String describes the policy in flag form.
