@@ -108,7 +108,7 @@ func decapsulate(h *VirtioNetHdr, frame []byte, fi *FrameInfo, locals [][16]byte
 	// Parse the inner packet in place, bounded by the outer packet: the
 	// parsers take the IP header's offset from L2Len.
 	l2, et := fi.L2Len, uint16(etherTypeIPv4)
-	inner := FrameInfo{L2Len: l2 + outer}
+	inner := FrameInfo{L2Len: l2 + outer, VLAN: fi.VLAN, VLANTCI: fi.VLANTCI} // the tag stays on the frame
 	var drop Drop
 	if fi.L4Proto == protoIPIP {
 		drop = parseIPv4(frame[:l2+fi.IPLen], &inner)
