@@ -27,21 +27,14 @@ func TestServeConnLimit(t *testing.T) {
 	}
 	var mu sync.Mutex
 	handled := 0
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(l, 2, func(c net.Conn) {
+	serveInBackground(t, l, func() error {
+		return serve(l, 2, func(c net.Conn) {
 			mu.Lock()
 			handled++
 			mu.Unlock()
 			io.Copy(io.Discard, c) // until the peer closes
 		})
-	}()
-	defer func() {
-		l.Close()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dial := func() net.Conn {
@@ -91,17 +84,12 @@ func TestEchoBudget(t *testing.T) {
 	}
 	const budget = 6 // buffers beyond each connection's first, for both
 	e := newEchoServer(budget * echoBufSize)
-	served := make(chan error, 1)
-	go func() { served <- e.serve(l) }()
-	defer func() {
-		l.Close()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
+	t.Cleanup(func() { // after the server returned
 		if n := len(e.budget); n != 0 {
 			t.Errorf("budget tokens held after the server returned: %d, want 0", n)
 		}
-	}()
+	})
+	serveInBackground(t, l, func() error { return e.serve(l) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 6 << 20
@@ -161,6 +149,19 @@ func TestEchoBudget(t *testing.T) {
 		c.Close()
 	}
 	waitFor(t, "no token held once both connections closed", func() bool { return len(e.budget) == 0 })
+}
+
+// serveInBackground runs serve, a server on l, until the test ends, then
+// closes l and checks that serve returned nil.
+func serveInBackground(t *testing.T, l net.Listener, serve func() error) {
+	served := make(chan error, 1)
+	go func() { served <- serve() }()
+	t.Cleanup(func() {
+		l.Close()
+		if err := <-served; err != nil {
+			t.Errorf("server on %v: %v", l.Addr(), err)
+		}
+	})
 }
 
 func isTimeout(err error) bool {

@@ -113,14 +113,7 @@ func TestEchoAndUDPMem(t *testing.T) {
 	// ServeEcho, not io.Copy(c, c): an echo that stops reading while its
 	// write waits for an acknowledgement deadlocks against gVisor, which
 	// drops the ACK of a data segment that meets a zero receive window.
-	served := make(chan error, 1)
-	go func() { served <- ServeEcho(l) }()
-	defer func() {
-		l.Close()
-		if err := <-served; err != nil {
-			t.Errorf("ServeEcho: %v", err)
-		}
-	}()
+	serveInBackground(t, l, func() error { return ServeEcho(l) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:7"))
