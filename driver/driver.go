@@ -13,8 +13,8 @@
 // (or CoalesceBytes bytes) and whenever the wire runs dry, and raises an
 // interrupt when the poll loop sleeps. The poll loop runs in a second
 // goroutine (the softirq) and calls the Handler for each packet, in ring
-// order, then Flush once per batch of at most Budget packets. Transmit may be called from any
-// goroutine.
+// order, then Flush once per batch of at most Budget packets. Transmit may
+// be called from any goroutine.
 package driver
 
 import (

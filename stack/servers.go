@@ -71,10 +71,10 @@ var discardSink atomic.Uint32
 //
 // Each connection reads and writes concurrently through up to echoBacklog
 // bytes of buffers, so that a peer which sends more than the socket buffers
-// hold before it reads still gets its echo. (gVisor, like RFC 793, does not
-// take the acknowledgement from a data segment that falls outside a zero
-// receive window; an echo that stops reading while its own send waits for
-// that acknowledgement would wait forever.) A connection holds two buffers
+// hold before it reads still gets its echo. (gVisor, unlike Linux, does not
+// take the acknowledgement from a data segment that meets a zero receive
+// window; an echo that stops reading while its own send waits for that
+// acknowledgement would wait forever.) A connection holds two buffers
 // while idle; the ones beyond its first come from a budget of echoServerMemory
 // bytes shared by the server's connections and go back to it as soon as
 // the backlog drains, so a peer that sends without reading cannot make the
