@@ -148,6 +148,19 @@ func (t *TAP) setup(cfg TAPConfig) error {
 			return fmt.Errorf("TUNSETVNETHDRSZ: %w", err)
 		}
 	}
+	// The header's byte order belongs to the device too: an earlier user
+	// of a persistent device (a legacy virtio guest's VMM, say) may have
+	// set it to little or big endian. Back to the default, the host's
+	// order for a modern (VIRTIO 1.0) header: tun_set_vnet_le and
+	// tun_set_vnet_be clear TUN_VNET_LE and TUN_VNET_BE. A kernel
+	// without CONFIG_TUN_VNET_CROSS_LE rejects TUNSETVNETBE with EINVAL;
+	// it then has no big-endian mode to leave either.
+	if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETLE, 0); err != nil {
+		return fmt.Errorf("TUNSETVNETLE: %w", err)
+	}
+	if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETBE, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("TUNSETVNETBE: %w", err)
+	}
 	if cfg.Offloads {
 		base := tunFCSUM | tunFTSO4 | tunFTSO6 | tunFTSOECN
 		err := unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, base|tunFUSO4|tunFUSO6)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -727,5 +728,73 @@ func TestTAPReadVec(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(runs-5, func() { b.tap.ReadVec(iov, true) }); allocs != 0 && !raceEnabled {
 		t.Errorf("%v allocations per ReadVec, want 0", allocs)
+	}
+}
+
+// TestTAPResetsVnetByteOrder checks that OpenTAP puts a persistent
+// device's virtio-net header byte order back to the default: an earlier
+// user set it big endian (TUNSETVNETBE, where the kernel has
+// CONFIG_TUN_VNET_CROSS_LE) and little endian (TUNSETVNETLE, which only
+// matters on a big-endian host but is kept by the device all the same).
+func TestTAPResetsVnetByteOrder(t *testing.T) {
+	tapTestNeedRoot(t)
+	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "ustaptest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bed.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	// The earlier user: attach, set both byte orders, detach. The device
+	// is persistent (ip tuntap add), so the flags stay with it.
+	crossLE := true
+	if err := bed.NS.Do(func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		ifr, err := unix.NewIfreq(bed.TAPName)
+		if err != nil {
+			return err
+		}
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+			return fmt.Errorf("TUNSETIFF: %w", err)
+		}
+		if err := unix.IoctlSetPointerInt(fd, unix.TUNSETVNETLE, 1); err != nil {
+			return fmt.Errorf("TUNSETVNETLE: %w", err)
+		}
+		if err := unix.IoctlSetPointerInt(fd, unix.TUNSETVNETBE, 1); errors.Is(err, unix.EINVAL) {
+			crossLE = false // no CONFIG_TUN_VNET_CROSS_LE: no big-endian mode
+		} else if err != nil {
+			return fmt.Errorf("TUNSETVNETBE: %w", err)
+		}
+		if le, err := unix.IoctlGetInt(fd, unix.TUNGETVNETLE); err != nil || le != 1 {
+			return fmt.Errorf("TUNGETVNETLE after setting it: %d, %v", le, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("CONFIG_TUN_VNET_CROSS_LE: %v", crossLE)
+
+	var tap *TAP
+	if err := bed.Open(func() (err error) {
+		tap, err = OpenTAP(TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tap.Close() }) // runs before bed.Close
+	if le, err := unix.IoctlGetInt(tap.FD(), unix.TUNGETVNETLE); err != nil || le != 0 {
+		t.Errorf("TUNGETVNETLE after OpenTAP: got %d (%v), want 0", le, err)
+	}
+	if crossLE {
+		if be, err := unix.IoctlGetInt(tap.FD(), unix.TUNGETVNETBE); err != nil || be != 0 {
+			t.Errorf("TUNGETVNETBE after OpenTAP: got %d (%v), want 0", be, err)
+		}
 	}
 }
