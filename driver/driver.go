@@ -20,6 +20,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -68,7 +69,7 @@ type Driver struct {
 	stop      chan struct{}
 	nicDone   chan struct{}
 	pollDone  chan struct{}
-	nicErr    error // set before nicDone is closed
+	nicErr    error // set before nicDone is closed (wireFailed)
 	NICCPU    atomic.Int32
 	PollCPU   atomic.Int32
 }
@@ -129,6 +130,7 @@ func (d *Driver) Close() error {
 		started := d.handler != nil
 		if !started {
 			d.startOnce.Do(func() {}) // never start after Close
+			close(d.nicDone)          // for Done: the NIC will never read
 			d.nic.retire()
 			d.nic.closeSession()
 			d.pool.Close()
@@ -147,6 +149,43 @@ func (d *Driver) Close() error {
 		}
 	})
 	return err
+}
+
+// Done returns a channel that is closed when the NIC model has stopped
+// reading the wire: after Close, or on its own when a read from the wire
+// failed (Err says why) or its thread could not be pinned (Config.NICCPUs).
+// Receive is then dead until Close; transmit may still work.
+func (d *Driver) Done() <-chan struct{} { return d.nicDone }
+
+// Err returns the error that stopped the NIC model before Close: a failed
+// wire read (counted as rx_wire_errors and logged) or a failure to pin its
+// thread. It returns nil while the NIC model runs, and after it stopped
+// because the wire was closed (Close, or an in-memory wire's peer closed).
+// Safe to call from any goroutine.
+func (d *Driver) Err() error {
+	select {
+	case <-d.nicDone:
+	default:
+		return nil
+	}
+	if errors.Is(d.nicErr, os.ErrClosed) {
+		return nil
+	}
+	return d.nicErr
+}
+
+// wireFailed ends the NIC goroutine's reading with the error err from
+// Wire.Read: a closed wire is how Close stops it; anything else (a TAP
+// whose device was deleted reads EBADFD, as tun_chr_read_iter returns when
+// the tun_file has no device) is counted and logged, once, since the NIC
+// goroutine stops. Called by the NIC goroutine only, before nicDone closes.
+func (d *Driver) wireFailed(err error) {
+	d.nicErr = err
+	if errors.Is(err, os.ErrClosed) {
+		return
+	}
+	d.stats.WireErrors.Add(1)
+	slog.Error("driver: wire read failed; receive stopped until Close", "err", err)
 }
 
 // clock is the NIC model's time in ns.

@@ -120,7 +120,7 @@ func (d *Driver) nicLoop() {
 			continue
 		}
 		if err != nil {
-			d.nicErr = err
+			d.wireFailed(err)
 			return
 		}
 		block = false

@@ -8,6 +8,7 @@ type Stats struct {
 	// Wire and NIC model.
 	WireReads    atomic.Uint64 // rx_wire_reads: reads from the wire (one per frame or super-frame)
 	WireBytes    atomic.Uint64 // rx_wire_bytes: bytes read, virtio-net headers excluded
+	WireErrors   atomic.Uint64 // rx_wire_errors: failed wire reads; the first stops receive (Driver.Err)
 	DirectReads  atomic.Uint64 // rx_wire_direct: super-frames read straight into the ring's pages (no copy)
 	DirectBytes  atomic.Uint64 // rx_wire_direct_bytes: bytes of them that went straight into the ring
 	GSOFrames    atomic.Uint64 // rx_gso_frames: super-frames with a GSO type
@@ -49,6 +50,7 @@ type Stats struct {
 func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_wire_reads", s.WireReads.Load())
 	fn("rx_wire_bytes", s.WireBytes.Load())
+	fn("rx_wire_errors", s.WireErrors.Load())
 	fn("rx_wire_direct", s.DirectReads.Load())
 	fn("rx_wire_direct_bytes", s.DirectBytes.Load())
 	fn("rx_gso_frames", s.GSOFrames.Load())

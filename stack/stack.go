@@ -334,6 +334,27 @@ func multicastMACs(addrs []netip.Prefix) [][6]byte {
 // Driver returns the stack's driver (counters, configuration, pool).
 func (s *Stack) Driver() *driver.Driver { return s.drv }
 
+// Done returns a channel that is closed when the stack's receive stops:
+// after Close, or on its own when reading the wire failed (a TAP whose
+// device was deleted, say; counted as rx_wire_errors, and Err says why).
+// A stack made by NewWithEndpoint has no driver and returns nil, which
+// never becomes ready.
+func (s *Stack) Done() <-chan struct{} {
+	if s.drv == nil {
+		return nil
+	}
+	return s.drv.Done()
+}
+
+// Err returns the error that stopped the stack's receive before Close
+// (driver.Driver.Err), or nil.
+func (s *Stack) Err() error {
+	if s.drv == nil {
+		return nil
+	}
+	return s.drv.Err()
+}
+
 // GVisor returns the underlying gVisor stack, for options this package does
 // not wrap.
 func (s *Stack) GVisor() *gstack.Stack { return s.ip }

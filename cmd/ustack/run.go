@@ -186,12 +186,18 @@ func runCmd(args []string) error {
 		defer t.Stop()
 		tick = t.C
 	}
+	var rxErr error // receive died (the TAP's device deleted, say): exit 1
 	for done := false; !done; {
 		select {
 		case <-tick:
 			printCounters(os.Stdout, s)
 		case <-sig:
 			done = true
+		case <-s.Done():
+			done = true
+			if rxErr = s.Err(); rxErr == nil {
+				rxErr = errors.New("the TAP was closed")
+			}
 		}
 	}
 	// Stop the servers first so that the final counters are final.
@@ -201,6 +207,9 @@ func runCmd(args []string) error {
 	err = s.Close()
 	wg.Wait()
 	printCounters(os.Stdout, s)
+	if rxErr != nil {
+		return fmt.Errorf("receive stopped: %w", rxErr)
+	}
 	return err
 }
 
