@@ -2,6 +2,7 @@ package stack
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ustack/ustack/driver"
@@ -12,6 +13,16 @@ import (
 // frames the XDP program answers with cpumap.RedirectXSK are copied into.
 type xskPort struct {
 	sock atomic.Pointer[xsk.Socket]
+	// mu is held by the poll loop from loading sock to the end of the
+	// socket's receive, and taken by BindXSK after it stored the new
+	// socket, so that BindXSK returns only once the poll loop is out of
+	// the old socket: as xsk_unbind_dev waits for the NAPI poll
+	// (synchronize_net) before the socket may go. Uncontended but for
+	// BindXSK: one lock per redirected frame.
+	mu sync.Mutex
+	// inReceive, if set (by tests, before any frame), is called inside
+	// the socket's receive, with mu held.
+	inReceive func()
 	// redirects counts frames handed to the socket: rx_xdp_redirect_xsk.
 	// The socket counts what became of them (rx_xsk_packets, the drops).
 	redirects atomic.Uint64
@@ -34,14 +45,19 @@ type xskPort struct {
 // BindXSK(nil) unbinds; with no socket bound, RedirectXSK frames pass to
 // gVisor (bpf_redirect_map's XDP_PASS fallback). A new socket replaces the
 // old one at once. The stack does not own sock: the application keeps
-// driving its rings, and after Close (or BindXSK(nil)) the poll loop no
-// longer touches it. The socket's counters appear among EachCounter's,
-// renamed rx_xsk_* and tx_xsk_* as mlx5 names its XSK queues' counters.
+// driving its rings, and once Close or a later BindXSK (nil or another
+// socket) has returned, the poll loop no longer touches it: BindXSK waits
+// for a receive into the old socket in progress to end. The socket's
+// counters appear among EachCounter's, renamed rx_xsk_* and tx_xsk_* as
+// mlx5 names its XSK queues' counters.
 func (s *Stack) BindXSK(sock *xsk.Socket) error {
 	if s.drv == nil {
 		return errors.New("stack: BindXSK: no driver (NewWithEndpoint)")
 	}
 	s.ep.xsk.sock.Store(sock)
+	// Wait for the poll loop to leave a receive into the old socket.
+	s.ep.xsk.mu.Lock()
+	s.ep.xsk.mu.Unlock()
 	return nil
 }
 
@@ -49,7 +65,12 @@ func (s *Stack) BindXSK(sock *xsk.Socket) error {
 // or reports false when none is bound. It releases p when it takes it.
 // Called by the poll loop only.
 func (e *linkEndpoint) toXSK(p *driver.Packet) bool {
-	sock := e.xsk.sock.Load()
+	if e.xsk.sock.Load() == nil {
+		return false // none bound: no lock
+	}
+	e.xsk.mu.Lock()
+	defer e.xsk.mu.Unlock()
+	sock := e.xsk.sock.Load() // again, under mu: BindXSK may have run
 	if sock == nil {
 		return false
 	}
@@ -64,6 +85,9 @@ func (e *linkEndpoint) toXSK(p *driver.Packet) bool {
 		for _, f := range q.Frags {
 			parts = append(parts, f.Bytes())
 		}
+	}
+	if e.xsk.inReceive != nil {
+		e.xsk.inReceive()
 	}
 	sock.ReceiveVec(parts) // drops are the socket's to count
 	clear(parts)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -339,4 +340,63 @@ func TestXSKRxNoAllocs(t *testing.T) {
 	if c := counterMap(bed.rx); c["rx_xsk_packets"] != 701 {
 		t.Errorf("rx_xsk_packets: got %d, want 701", c["rx_xsk_packets"])
 	}
+}
+
+// TestBindXSKNilWaitsForReceive holds the poll loop inside the socket's
+// receive (the inReceive hook) while BindXSK(nil) runs: BindXSK must not
+// return until the poll loop is out, after which the application may free
+// the socket. The hook waits until BindXSK has unbound the socket, then
+// gives a BindXSK that does not wait half a second to return (it does so
+// within microseconds); a BindXSK that waits passes whatever the load.
+func TestBindXSKNilWaitsForReceive(t *testing.T) {
+	bed := newXSKBed(t, 7000, xsk.Config{NumFrames: 8, FrameSize: 2048, FillSize: 8, RxSize: 8}, 8)
+	entered, left := make(chan struct{}), make(chan struct{})
+	var returned, returnedInside, stuck atomic.Bool
+	bed.rx.ep.xsk.inReceive = func() { // set before any frame is sent
+		close(entered) // once: the test sends one frame
+		defer close(left)
+		for deadline := time.Now().Add(30 * time.Second); bed.rx.ep.xsk.sock.Load() != nil; runtime.Gosched() {
+			if time.Now().After(deadline) {
+				stuck.Store(true)
+				return
+			}
+		}
+		for deadline := time.Now().Add(500 * time.Millisecond); !returned.Load() && time.Now().Before(deadline); {
+			runtime.Gosched()
+		}
+		returnedInside.Store(returned.Load())
+	}
+	bed.send(t, xskFrameSpec{dport: 7000, payload: []byte("hold")}.frame())
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the poll loop did not reach the socket's receive within 30 s")
+	}
+	unbound := make(chan error, 1)
+	go func() {
+		err := bed.rx.BindXSK(nil)
+		returned.Store(true)
+		unbound <- err
+	}()
+	select {
+	case err := <-unbound:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("BindXSK(nil) did not return within 30 s")
+	}
+	select {
+	case <-left:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the poll loop did not leave the socket's receive within 60 s")
+	}
+	if stuck.Load() {
+		t.Fatal("BindXSK(nil) did not unbind the socket within 30 s")
+	}
+	if returnedInside.Load() {
+		t.Error("BindXSK(nil) returned while the poll loop was inside the socket's receive")
+	}
+	// The frame the poll loop held still went to the socket it had loaded.
+	waitCounters(t, bed.rx, map[string]uint64{"rx_xdp_redirect_xsk": 1})
 }
