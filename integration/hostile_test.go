@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -503,8 +504,11 @@ func hostileRow(t *testing.T, row int, v6, lro bool, hwgro driver.HWGROMode) {
 	}
 	// No TCP timestamps: the injected segments carry none, and a stack
 	// that negotiated them would drop them unseen (RFC 7323 section 3.2).
-	if out, err := bed.NS.Exec(context.Background(), "sysctl", "-qw", "net.ipv4.tcp_timestamps=0").CombinedOutput(); err != nil {
-		t.Fatalf("sysctl: %v: %s", err, out)
+	// (sysctl -w net.ipv4.tcp_timestamps=0, without procps' sysctl.)
+	if err := bed.NS.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_timestamps", []byte("0"), 0)
+	}); err != nil {
+		t.Fatalf("tcp_timestamps in %s: %v", bed.NS.Name, err)
 	}
 	env := &hostileEnv{
 		stackMAC: stack.DefaultMAC, lro: lro, extraPort: extraPort,
