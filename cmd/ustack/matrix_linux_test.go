@@ -63,7 +63,17 @@ func TestMatrixRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	var got matrixJSON
+	// The part of the -json file (internal/bench's report) the test reads.
+	var got struct {
+		Runs []struct {
+			Cell, Side, Proto, Congestion, Error string
+			Value                                float64
+			Bytes                                int64
+			SentBytes                            int64 `json:"sent_bytes"`
+			Counters                             map[string]uint64
+		} `json:"runs"`
+		Skipped map[string]string `json:"skipped"`
+	}
 	b, err := os.ReadFile(js)
 	if err != nil {
 		t.Fatal(err)

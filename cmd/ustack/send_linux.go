@@ -13,17 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ustack/ustack/internal/bench"
 	"golang.org/x/sys/unix"
 )
-
-// sendResult is what `ustack send` prints as JSON on its last line.
-type sendResult struct {
-	Bytes        int64   `json:"bytes"`
-	Datagrams    int64   `json:"datagrams,omitempty"`
-	Transactions int64   `json:"transactions,omitempty"`
-	Seconds      float64 `json:"seconds"`
-	Congestion   string  `json:"congestion,omitempty"`
-}
 
 // sendCmd is the kernel sender of `ustack bench`: a separate process (run
 // inside the bench's namespace) so that its CPU time is not counted as the
@@ -106,7 +98,7 @@ func sendCmd(args []string) error {
 	wg.Wait()
 	sent := total.Load()
 	el := time.Since(start)
-	return json.NewEncoder(os.Stdout).Encode(sendResult{Bytes: sent, Seconds: el.Seconds(), Congestion: got})
+	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Bytes: sent, Seconds: el.Seconds(), Congestion: got})
 }
 
 // sendUDP sends datagrams of size bytes, unpaced, for dur: with gso > 1,
@@ -155,7 +147,7 @@ func sendUDP(addr string, dur time.Duration, max int64, size, gso int) error {
 		sent += int64(n)
 		dgrams += int64(per)
 	}
-	return json.NewEncoder(os.Stdout).Encode(sendResult{Bytes: sent, Datagrams: dgrams, Seconds: time.Since(start).Seconds()})
+	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Bytes: sent, Datagrams: dgrams, Seconds: time.Since(start).Seconds()})
 }
 
 func max1(n int) int {
@@ -192,5 +184,5 @@ func sendRR(addr string, dur time.Duration, size int) error {
 		}
 		n++
 	}
-	return json.NewEncoder(os.Stdout).Encode(sendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds()})
+	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds()})
 }

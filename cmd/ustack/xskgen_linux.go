@@ -6,11 +6,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/driver/xsk"
+	"github.com/ustack/ustack/internal/bench"
 	"github.com/ustack/ustack/internal/testbed"
 )
 
@@ -89,7 +88,7 @@ func xskgenCmd(args []string) error {
 		modes, *rounds = []int{xskFill}, 1
 	}
 
-	var cl closerList
+	var cl bench.Closers
 	stop := testbed.CleanupOnSignal(&cl)
 	defer stop()
 	defer cl.Close()
@@ -227,7 +226,7 @@ func printXSKComparison(res []xskResult, rounds int) {
 		if len(d) == 0 {
 			return "-"
 		}
-		med, lo, hi := median(d)
+		med, lo, hi := bench.Median(d)
 		return fmt.Sprintf("%+.1f ns (%+.1f..%+.1f)", med, lo, hi)
 	}
 	for m := range res {
@@ -290,12 +289,12 @@ const (
 	xskCsumOffset = 6
 )
 
-func newXSKGen(cl *closerList, size, batch int) (*xskGen, error) {
+func newXSKGen(cl *bench.Closers, size, batch int) (*xskGen, error) {
 	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "usxskgen", TAPName: "xskgen0"})
 	if err != nil {
 		return nil, err
 	}
-	cl.add(bed)
+	cl.Add(bed)
 	g := &xskGen{bed: bed, batch: uint32(batch)}
 	if err := bed.Open(func() error {
 		tap, err := driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
@@ -303,7 +302,7 @@ func newXSKGen(cl *closerList, size, batch int) (*xskGen, error) {
 			return err
 		}
 		g.tap = tap
-		cl.add(tap) // closed before the bed
+		cl.Add(tap) // closed before the bed
 		return nil
 	}); err != nil {
 		return nil, err
@@ -317,7 +316,7 @@ func newXSKGen(cl *closerList, size, batch int) (*xskGen, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl.add(g.conn)
+	cl.Add(g.conn)
 	if rc, err := g.conn.SyscallConn(); err == nil {
 		var serr error
 		rc.Control(func(fd uintptr) {
@@ -499,32 +498,4 @@ func (g *xskGen) round(m, n int, deadline time.Time) (xskResult, error) {
 		r.sockPkt = []float64{float64(r.sock.Nanoseconds()) / float64(n)}
 	}
 	return r, nil
-}
-
-// closerList closes what was added to it, last first, once. It is the
-// io.Closer handed to testbed.CleanupOnSignal before everything exists.
-type closerList struct {
-	mu sync.Mutex
-	cs []io.Closer
-}
-
-func (l *closerList) add(c io.Closer) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.cs = append(l.cs, c)
-}
-
-// Close closes every closer, last added first, and forgets them.
-func (l *closerList) Close() error {
-	l.mu.Lock()
-	cs := l.cs
-	l.cs = nil
-	l.mu.Unlock()
-	var errs []error
-	for i := len(cs) - 1; i >= 0; i-- {
-		if err := cs[i].Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

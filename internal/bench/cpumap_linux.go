@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -16,21 +16,6 @@ import (
 	"github.com/ustack/ustack/stack"
 )
 
-// cpumapPaths are seed 004's three receive paths: no cpumap, and every
-// frame redirected from the poll loop (NIC and poll loop on CPU 0) to a
-// cpumap worker on CPU 1, with its GRO off and on.
-func cpumapPaths(mtu int) []benchRow {
-	base := basePolicy(mtu)
-	base.nicCPU, base.pollCPU = "0", "0"
-	rows := []benchRow{{name: "no cpumap", pol: base}}
-	for _, g := range []string{"off", "on"} {
-		p := base
-		p.xdp, p.cpumap, p.cpuGRO = "cpu:0", "1", g
-		rows = append(rows, benchRow{name: "cpumap gro " + g, pol: p})
-	}
-	return rows
-}
-
 // cpumapWorkload is one of the table's workloads.
 type cpumapWorkload struct {
 	name string
@@ -46,10 +31,11 @@ var cpumapWorkloads = []cpumapWorkload{
 
 const cpumapPort = 9000
 
-// benchCPUMap runs the cpumap table: every workload on every path,
-// interleaved, rounds times.
-func benchCPUMap(bed *testbed.TAPBed, exe string, dur time.Duration, rounds, mtu int) error {
-	paths := cpumapPaths(mtu)
+// CPUMap is `ustack bench -cpumap`: it runs every workload on every path,
+// interleaved, rounds times, with `exe send` as the sender, and prints the
+// table. paths[1] is the cpumap path with its GRO off, which the table
+// compares with.
+func CPUMap(bed *testbed.TAPBed, exe string, paths []Row, dur time.Duration, rounds int) error {
 	type key struct{ w, p int }
 	rates := map[key][]float64{}
 	drops := map[key][]float64{}
@@ -57,10 +43,10 @@ func benchCPUMap(bed *testbed.TAPBed, exe string, dur time.Duration, rounds, mtu
 	for r := 0; r < rounds; r++ {
 		for wi, w := range cpumapWorkloads {
 			for pi, p := range paths {
-				fmt.Fprintf(os.Stderr, "round %d/%d: %s, %s ...\n", r+1, rounds, w.name, p.name)
+				fmt.Fprintf(os.Stderr, "round %d/%d: %s, %s ...\n", r+1, rounds, w.name, p.Name)
 				rate, drop, err := cpumapRun(bed, exe, p, w, dur)
 				if err != nil {
-					return fmt.Errorf("%s, %s: %w", w.name, p.name, err)
+					return fmt.Errorf("%s, %s: %w", w.name, p.Name, err)
 				}
 				rates[key{wi, pi}] = append(rates[key{wi, pi}], rate)
 				drops[key{wi, pi}] = append(drops[key{wi, pi}], drop)
@@ -70,10 +56,10 @@ func benchCPUMap(bed *testbed.TAPBed, exe string, dur time.Duration, rounds, mtu
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workload\tpath\trate (min-max)\tunit\tlost\tx cpumap gro off\t")
 	for wi, w := range cpumapWorkloads {
-		off, _, _ := median(rates[key{wi, 1}])
+		off, _, _ := Median(rates[key{wi, 1}])
 		for pi, p := range paths {
-			m, lo, hi := median(rates[key{wi, pi}])
-			d, _, _ := median(drops[key{wi, pi}])
+			m, lo, hi := Median(rates[key{wi, pi}])
+			d, _, _ := Median(drops[key{wi, pi}])
 			unit, scale := "Mpps", 1e6
 			if w.rr {
 				unit, scale = "ktrans/s", 1e3
@@ -86,7 +72,7 @@ func benchCPUMap(bed *testbed.TAPBed, exe string, dur time.Duration, rounds, mtu
 			if !w.rr {
 				lost = fmt.Sprintf("%.1f%%", d*100)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.3f (%.3f-%.3f)\t%s\t%s\t%s\t\n", w.name, p.name, m/scale, lo/scale, hi/scale, unit, lost, ratio)
+			fmt.Fprintf(tw, "%s\t%s\t%.3f (%.3f-%.3f)\t%s\t%s\t%s\t\n", w.name, p.Name, m/scale, lo/scale, hi/scale, unit, lost, ratio)
 		}
 	}
 	return tw.Flush()
@@ -95,8 +81,8 @@ func benchCPUMap(bed *testbed.TAPBed, exe string, dur time.Duration, rounds, mtu
 // cpumapRun measures one workload on one path: datagrams per second
 // delivered to the socket (and the share the sender wrote that never
 // arrived), or transactions per second.
-func cpumapRun(bed *testbed.TAPBed, exe string, row benchRow, w cpumapWorkload, dur time.Duration) (rate, lost float64, err error) {
-	st, err := benchStack(bed, row)
+func cpumapRun(bed *testbed.TAPBed, exe string, row Row, w cpumapWorkload, dur time.Duration) (rate, lost float64, err error) {
+	st, err := openTarget(bed, row)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -140,7 +126,7 @@ func cpumapRun(bed *testbed.TAPBed, exe string, row benchRow, w cpumapWorkload, 
 	if err := cmd.Run(); err != nil {
 		return 0, 0, fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
 	}
-	var res sendResult
+	var res SendResult
 	if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
 		return 0, 0, fmt.Errorf("sender output %q: %v", out.String(), err)
 	}

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The tunnel dimension of ustack bench (issue 8: tunnel off|on). A row with
 // the tunnel on has its kernel sender reach ustack through an IPv6 tunnel
@@ -7,10 +7,10 @@ package main
 // header split is computed over the outer and inner headers as seed 000's
 // CQE does (driver.TunnelConfig, stack.TunnelConfig).
 //
-// Contract of setupBenchTunnel, for the bench matrix:
+// Contract of setupTunnel, for the bench matrix:
 //
 //   - Call it once per run of a tunnel row, after building the row's
-//     stack.Config (policy.stackConfig: -tunnel ip6tnl gives a Tunnel
+//     stack.Config (Policy.StackConfig: -tunnel ip6tnl gives a Tunnel
 //     without addresses; nil is fine too) and setting cfg.Addrs, and
 //     before stack.New. bed is the bench's TAPBed; no descriptor needs to
 //     be open on its TAP yet.
@@ -39,9 +39,9 @@ import (
 	"github.com/ustack/ustack/stack"
 )
 
-// setupBenchTunnel adds an IPv6 tunnel from bed's kernel to the stack and
+// setupTunnel adds an IPv6 tunnel from bed's kernel to the stack and
 // configures cfg for it; see the contract above.
-func setupBenchTunnel(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst netip.Addr, cleanup func(), err error) {
+func setupTunnel(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst netip.Addr, cleanup func(), err error) {
 	tun, err := bed.AddIP6Tunnel(testbed.IP6TunnelConfig{})
 	if err != nil {
 		return netip.Addr{}, nil, err
@@ -58,6 +58,3 @@ func setupBenchTunnel(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst neti
 	}
 	return dst, func() { tun.Close() }, nil
 }
-
-// The matrix's tunnel dimension runs through setupBenchTunnel.
-func init() { benchTunnel = setupBenchTunnel }

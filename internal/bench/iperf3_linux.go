@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -18,23 +18,11 @@ import (
 	"github.com/ustack/ustack/stack"
 )
 
-// The bench's senders (-client).
+// The bench's TCP senders (Row.Client, ustack bench -client).
 const (
-	clientBuiltin = "builtin" // `ustack send`, a kernel TCP sender of ours
-	clientIPerf3  = "iperf3"  // the iperf3 client against ustack's iperf3 server
+	ClientBuiltin = "builtin" // `ustack send`, a kernel TCP sender of ours
+	ClientIPerf3  = "iperf3"  // the iperf3 client against ustack's iperf3 server
 )
-
-// iperf3Send runs the iperf3 client (`iperf3 -c`, from the system's
-// iperf3 package) in ns against an iperf3 server at dst (such as
-// stack.ServeIPerf3) for dur, rounded up to whole seconds as iperf3's -t
-// takes them, with streams parallel streams (-P): TCP when udpSize is 0,
-// else UDP datagrams of udpSize bytes at an unlimited rate (-u -l udpSize
-// -b 0). It returns the rate the receiver measured (end.sum_received of
-// the client's --json report).
-func iperf3Send(ns *testbed.Netns, dst netip.AddrPort, dur time.Duration, streams int, udpSize int) (bitsPerSec float64, err error) {
-	r, err := iperf3Run(ns, dst, iperf3Options{dur: dur, streams: streams, udpSize: udpSize})
-	return r.bitsPerSec, err
-}
 
 // iperf3Options are the client's settings for iperf3Run.
 type iperf3Options struct {
@@ -125,9 +113,9 @@ func iperf3Run(ns *testbed.Netns, dst netip.AddrPort, o iperf3Options) (iperf3Re
 	return r, nil
 }
 
-// iperf3Version returns the first line of `iperf3 --version`, such as
+// IPerf3Version returns the first line of `iperf3 --version`, such as
 // "iperf 3.12 (cJSON 1.7.15)".
-func iperf3Version() (string, error) {
+func IPerf3Version() (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "iperf3", "--version").Output()
@@ -138,10 +126,10 @@ func iperf3Version() (string, error) {
 	return line, nil
 }
 
-// benchIPerf3Serve serves iperf3 on st at ap for a bench row, adding the
+// serveIPerf3 serves iperf3 on st at ap for a bench row, adding the
 // bytes of every test to received. stop closes the server and waits for
 // it.
-func benchIPerf3Serve(st *stack.Stack, ap netip.AddrPort, received *atomic.Uint64) (stop func(), err error) {
+func serveIPerf3(st *stack.Stack, ap netip.AddrPort, received *atomic.Uint64) (stop func(), err error) {
 	srv, err := st.ListenIPerf3(ap, stack.IPerf3Config{OnTest: func(r stack.IPerf3Result) { received.Add(r.BytesReceived) }})
 	if err != nil {
 		return nil, err
@@ -151,13 +139,13 @@ func benchIPerf3Serve(st *stack.Stack, ap netip.AddrPort, received *atomic.Uint6
 	return func() { srv.Close(); <-served }, nil
 }
 
-// benchIPerf3Send runs the iperf3 client for a bench row and returns its
+// sendIPerf3 runs the iperf3 client for a bench row and returns its
 // figures as the built-in sender reports them. Bytes are what the server
 // received, which is what the bench checks against the server's count.
-func benchIPerf3Send(ns *testbed.Netns, ap netip.AddrPort, dur time.Duration, streams int, cc string, wsize int) (sendResult, error) {
+func sendIPerf3(ns *testbed.Netns, ap netip.AddrPort, dur time.Duration, streams int, cc string, wsize int) (SendResult, error) {
 	r, err := iperf3Run(ns, ap, iperf3Options{dur: dur, streams: streams, cc: cc, wsize: wsize})
 	if err != nil {
-		return sendResult{}, err
+		return SendResult{}, err
 	}
-	return sendResult{Bytes: r.bytes, Seconds: r.seconds, Congestion: r.congestion}, nil
+	return SendResult{Bytes: r.bytes, Seconds: r.seconds, Congestion: r.congestion}, nil
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"fmt"
@@ -151,7 +151,7 @@ func protoPlot(rep *matrixReport, proto matrixProto, cells []*matrixCellResult) 
 }
 
 // sideLegend names a side in the legend: A and B with their settings.
-func sideLegend(rep *matrixReport, s matrixSide) string {
+func sideLegend(rep *matrixReport, s Side) string {
 	switch s.Kind {
 	case "stock":
 		return "gVisor stock fdbased"

@@ -1,8 +1,9 @@
-package main
+package bench
 
 // The bench matrix's model and its reports: cells, runs, the seed-form
 // comparison lines, the significance rule, and the text, JSON and CSV
-// outputs. Nothing here needs root or Linux; matrix_linux.go measures.
+// outputs. Nothing here needs root or Linux; Matrix (matrix_linux.go)
+// measures.
 
 import (
 	"encoding/csv"
@@ -59,8 +60,8 @@ func (c matrixCell) Label() string {
 	return fmt.Sprintf("%s, core %s, MTU %d, LRO %s, tunnel %s", c.Proto.Label, c.Core, c.MTU, c.LRO, c.Tunnel)
 }
 
-// matrixDims are the dimensions a matrix run covers, each a list of values.
-type matrixDims struct {
+// Dims are the dimensions a matrix run covers, each a list of values.
+type Dims struct {
 	Protos  []matrixProto
 	Cores   []string
 	MTUs    []int
@@ -68,9 +69,9 @@ type matrixDims struct {
 	Tunnels []string
 }
 
-// parseMatrixDims reads the dimension flags: comma-separated lists.
-func parseMatrixDims(protos, cores, mtus, lros, tunnels string) (matrixDims, error) {
-	var d matrixDims
+// ParseDims reads the dimension flags: comma-separated lists.
+func ParseDims(protos, cores, mtus, lros, tunnels string) (Dims, error) {
+	var d Dims
 	for _, f := range splitList(protos) {
 		found := false
 		for _, p := range matrixProtos {
@@ -127,7 +128,7 @@ func oneOf(name, s string, allowed ...string) ([]string, error) {
 
 // Cells lists the cells in the seed's report order: protocol, core, MTU,
 // LRO, tunnel.
-func (d matrixDims) Cells() []matrixCell {
+func (d Dims) Cells() []matrixCell {
 	var out []matrixCell
 	for _, p := range d.Protos {
 		for _, c := range d.Cores {
@@ -143,15 +144,15 @@ func (d matrixDims) Cells() []matrixCell {
 	return out
 }
 
-// matrixSide is one receiver the matrix measures in every cell.
-type matrixSide struct {
+// Side is one receiver the matrix measures in every cell.
+type Side struct {
 	Name     string   `json:"name"`               // A, B, ustack, stock, kernel
 	Kind     string   `json:"kind"`               // ustack, stock or kernel
 	Settings []string `json:"settings,omitempty"` // ustack policy switches, name=value
 }
 
 // Peer reports whether the side is a peer column (not ustack).
-func (s matrixSide) Peer() bool { return s.Kind != "ustack" }
+func (s Side) Peer() bool { return s.Kind != "ustack" }
 
 // matrixRun is one measured run of one side in one cell, with every
 // counter of the receiving stack.
@@ -196,7 +197,7 @@ type matrixCellResult struct {
 // matrixReport is a whole matrix run.
 type matrixReport struct {
 	Meta      matrixMeta
-	Sides     []matrixSide
+	Sides     []Side
 	Cells     []*matrixCellResult
 	Threshold float64 // percent
 	AB        bool    // Sides[0] and Sides[1] are A and B
@@ -248,9 +249,9 @@ func stats(runs []matrixRun) sideStats {
 		return s
 	}
 	s.Err = ""
-	s.Med, s.Lo, s.Hi = median(vals)
-	s.RxCPUPerGB, _, _ = median(cpu)
-	s.MachPerGB, _, _ = median(mach)
+	s.Med, s.Lo, s.Hi = Median(vals)
+	s.RxCPUPerGB, _, _ = Median(cpu)
+	s.MachPerGB, _, _ = Median(mach)
 	return s
 }
 
@@ -303,8 +304,8 @@ func pctArrow(pct float64) string {
 	return fmt.Sprintf("%+.1f%% %s", pct, arrow)
 }
 
-// parsePercent reads a threshold such as "10%" or "10".
-func parsePercent(s string) (float64, error) {
+// ParsePercent reads a threshold such as "10%" or "10".
+func ParsePercent(s string) (float64, error) {
 	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
 	if err != nil || v < 0 || v > 1000 {
 		return 0, fmt.Errorf("threshold %q: want a percentage such as 10%%", s)
@@ -519,7 +520,7 @@ func (r *matrixReport) allRuns() []matrixRun {
 // with their summaries, and every run with every counter.
 type matrixJSON struct {
 	Meta      matrixMeta        `json:"meta"`
-	Sides     []matrixSide      `json:"sides"`
+	Sides     []Side            `json:"sides"`
 	Threshold float64           `json:"threshold_percent"`
 	Cells     []matrixCellJSON  `json:"cells"`
 	Runs      []matrixRun       `json:"runs"`

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -97,19 +97,19 @@ func TestStatsSkipsFailedRuns(t *testing.T) {
 
 func TestParsePercent(t *testing.T) {
 	for in, want := range map[string]float64{"10%": 10, "2.5": 2.5, " 0% ": 0} {
-		if got, err := parsePercent(in); err != nil || got != want {
-			t.Errorf("parsePercent(%q) = %v, %v; want %v", in, got, err, want)
+		if got, err := ParsePercent(in); err != nil || got != want {
+			t.Errorf("ParsePercent(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "x%", "-1%"} {
-		if _, err := parsePercent(in); err == nil {
-			t.Errorf("parsePercent(%q): no error", in)
+		if _, err := ParsePercent(in); err == nil {
+			t.Errorf("ParsePercent(%q): no error", in)
 		}
 	}
 }
 
 func TestMatrixDims(t *testing.T) {
-	d, err := parseMatrixDims("tcp512k,tcp64k,udp64,udp1400", "same,adjacent", "1500,4096,9000", "on,off", "off,on")
+	d, err := ParseDims("tcp512k,tcp64k,udp64,udp1400", "same,adjacent", "1500,4096,9000", "on,off", "off,on")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestMatrixDims(t *testing.T) {
 	if got, want := cells[0].Label(), "TCP 512-Kbyte, core same, MTU 1500, LRO on, tunnel off"; got != want {
 		t.Errorf("first cell %q, want %q", got, want)
 	}
-	d, err = parseMatrixDims("tcp64k,udp64", "same", "1500,9000", "on", "off")
+	d, err = ParseDims("tcp64k,udp64", "same", "1500,9000", "on", "off")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,84 +142,8 @@ func TestMatrixDims(t *testing.T) {
 		{"tcp64k", "same", "1500", "on", "yes"},
 		{"", "same", "1500", "on", "off"},
 	} {
-		if _, err := parseMatrixDims(bad[0], bad[1], bad[2], bad[3], bad[4]); err == nil {
-			t.Errorf("parseMatrixDims(%q): no error", bad)
-		}
-	}
-}
-
-func TestSplitSettings(t *testing.T) {
-	tests := map[string][]string{
-		"hds=256":                      {"hds=256"},
-		"hds=256, gro=off":             {"hds=256", "gro=off"},
-		"hds=256 gro=off,lro=on":       {"hds=256", "gro=off", "lro=on"},
-		"cpumap=0,1 xdp=cpu:0":         {"cpumap=0,1", "xdp=cpu:0"},
-		"xdp=hash,cpumap=0,1,budget=8": {"xdp=hash", "cpumap=0,1", "budget=8"},
-		"":                             nil,
-	}
-	for in, want := range tests {
-		if got := splitSettings(in); !slices.Equal(got, want) {
-			t.Errorf("splitSettings(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestPolicyFromSettings(t *testing.T) {
-	p, err := policyFromSettings([]string{"hds=256", "-gro=off", "budget=8", "gro-flush-timeout=1ms", "pool-poison=true", "cpumap=0,1", "hds=128"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.hds != "128" || p.gro != "off" || p.budget != 8 || p.groFlush.String() != "1ms" || !p.poison || p.cpumap != "0,1" {
-		t.Errorf("got %+v", p)
-	}
-	// Switches not given keep their defaults, as on the command line.
-	if def := basePolicy(1500); p.lro != def.lro || p.mtu != def.mtu || p.ring != def.ring || p.rq != def.rq {
-		t.Errorf("defaults: got %+v, want those of %+v", p, def)
-	}
-	for _, bad := range []string{"hds", "nosuch=1", "budget=x", "=1"} {
-		if _, err := policyFromSettings([]string{bad}); err == nil {
-			t.Errorf("policyFromSettings(%q): no error", bad)
-		}
-	}
-}
-
-// TestPolicyStackConfig checks that this session's switches reach the
-// stack's and driver's configuration, and that bad values are refused.
-func TestPolicyStackConfig(t *testing.T) {
-	p, err := policyFromSettings([]string{"wire-read=bounce", "coalesce-bytes=262144", "tcp-rmem-max=67108864", "rq-size=4", "rq-full=drop"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := p.stackConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.Driver.BounceRead || c.Driver.CoalesceBytes != 262144 || c.TCPReceiveBufferMax != 64<<20 {
-		t.Errorf("got BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d", c.Driver.BounceRead, c.Driver.CoalesceBytes, c.TCPReceiveBufferMax)
-	}
-	if c.Driver.RQSize != 4 || !c.Driver.RQDrop {
-		t.Errorf("got RQSize %d, RQDrop %v, want 4, true", c.Driver.RQSize, c.Driver.RQDrop)
-	}
-	if s := p.String(); !strings.Contains(s, "wire-read=bounce") || !strings.Contains(s, "coalesce-bytes=262144") || !strings.Contains(s, "tcp-rmem-max=67108864") ||
-		!strings.Contains(s, "rq-size=4") || !strings.Contains(s, "rq-full=drop") {
-		t.Errorf("String: %q does not name the switches", s)
-	}
-	base := basePolicy(1500)
-	def, err := base.stackConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if def.Driver.BounceRead || def.Driver.CoalesceBytes != 0 || def.TCPReceiveBufferMax != 0 || def.Driver.RQSize != 0 || def.Driver.RQDrop {
-		t.Errorf("defaults: BounceRead %v, CoalesceBytes %d, TCPReceiveBufferMax %d, RQSize %d, RQDrop %v, want false, 0, 0, 0, false",
-			def.Driver.BounceRead, def.Driver.CoalesceBytes, def.TCPReceiveBufferMax, def.Driver.RQSize, def.Driver.RQDrop)
-	}
-	for _, bad := range []string{"wire-read=dma", "tcp-rmem-max=-1", "rq-full=maybe"} {
-		p, err := policyFromSettings([]string{bad})
-		if err == nil {
-			_, err = p.stackConfig()
-		}
-		if err == nil {
-			t.Errorf("%s: no error", bad)
+		if _, err := ParseDims(bad[0], bad[1], bad[2], bad[3], bad[4]); err == nil {
+			t.Errorf("ParseDims(%q): no error", bad)
 		}
 	}
 }
@@ -228,7 +152,7 @@ func TestPolicyStackConfig(t *testing.T) {
 // improvement, a clear regression, a change within the spread, and a
 // skipped cell.
 func fakeReport() *matrixReport {
-	sides := []matrixSide{{Name: "A", Kind: "ustack", Settings: []string{"gro=off"}}, {Name: "B", Kind: "ustack", Settings: []string{"gro=on"}},
+	sides := []Side{{Name: "A", Kind: "ustack", Settings: []string{"gro=off"}}, {Name: "B", Kind: "ustack", Settings: []string{"gro=on"}},
 		{Name: "stock", Kind: "stock"}, {Name: "kernel", Kind: "kernel"}}
 	rep := &matrixReport{Sides: sides, Threshold: 10, AB: true, Meta: matrixMeta{Rounds: 2, Congestion: "cubic"}}
 	mk := func(c matrixCell, vals [][]float64) *matrixCellResult {

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/bench"
+	"github.com/ustack/ustack/stack"
+)
+
+// The rows ustack bench measures: its policies, built from the switches.
+
+// defaultRows are the bench's configurations: {LRO on, off} x {hds auto,
+// 256} with GRO on, and LRO off with GRO off.
+func defaultRows(mtu int) []bench.Row {
+	var rows []bench.Row
+	add := func(lro, hds, gro string) {
+		p := basePolicy(mtu)
+		p.lro, p.hds, p.gro = lro, hds, gro
+		rows = append(rows, row("ustack "+p.String(), p))
+	}
+	add("on", "auto", "on")
+	add("on", "256", "on")
+	add("off", "auto", "on")
+	add("off", "256", "on")
+	add("off", "auto", "off")
+	return rows
+}
+
+// poolRows are `ustack bench -pool`: seed 001's comparison, page recycling
+// off and on at 4 KB and 64 KB pages, LRO off and GRO on.
+func poolRows(mtu int) []bench.Row {
+	var rows []bench.Row
+	for _, size := range []string{"4k", "64k"} {
+		for _, recycle := range []string{"off", "on"} {
+			p := basePolicy(mtu)
+			p.lro, p.pageSize, p.recycle = "off", size, recycle
+			rows = append(rows, row("ustack "+p.String(), p))
+		}
+	}
+	return rows
+}
+
+// hwGRORows are `ustack bench -hwgro`: seed 002's three-way comparison at
+// LRO off: software GRO only, hardware GRO, hardware GRO with coalescing;
+// each with payload copied into gVisor and read with Read, and with zero
+// copy read in place with ReadViews (tcp_mmap's side of the seed).
+func hwGRORows(mtu int) []bench.Row {
+	var rows []bench.Row
+	for _, zc := range []string{"off", "views"} {
+		for _, m := range []string{"off", "on", "coalesce"} {
+			p := basePolicy(mtu)
+			p.lro, p.hwGRO, p.zeroCopy = "off", m, zc
+			rows = append(rows, row("ustack "+p.String(), p))
+		}
+	}
+	return rows
+}
+
+// basePolicy is the default of every switch.
+func basePolicy(mtu int) policy {
+	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on", hwGRO: "off", zeroCopy: "off"}
+}
+
+// cpumapPaths are seed 004's three receive paths: no cpumap, and every
+// frame redirected from the poll loop (NIC and poll loop on CPU 0) to a
+// cpumap worker on CPU 1, with its GRO off and on.
+func cpumapPaths(mtu int) []bench.Row {
+	base := basePolicy(mtu)
+	base.nicCPU, base.pollCPU = "0", "0"
+	rows := []bench.Row{row("no cpumap", base)}
+	for _, g := range []string{"off", "on"} {
+		p := base
+		p.xdp, p.cpumap, p.cpuGRO = "cpu:0", "1", g
+		rows = append(rows, row("cpumap gro "+g, p))
+	}
+	return rows
+}
+
+// row is a bench row measuring ustack with policy p.
+func row(name string, p policy) bench.Row {
+	return bench.Row{Name: name, Policy: benchPolicy{p}, MTU: p.mtu}
+}
+
+// benchPolicy is a policy as the bench measures it.
+type benchPolicy struct{ p policy }
+
+func (b benchPolicy) StackConfig() (stack.Config, error) { return b.p.stackConfig() }
+func (b benchPolicy) ReadViews() bool                    { return b.p.zeroCopy == "views" }
+
+// parseBenchPolicy is policyFromSettings for the bench matrix.
+func parseBenchPolicy(settings []string) (bench.Policy, error) {
+	p, err := policyFromSettings(settings)
+	if err != nil {
+		return nil, err
+	}
+	return benchPolicy{p}, nil
+}

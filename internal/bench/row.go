@@ -1,0 +1,47 @@
+package bench
+
+import (
+	"net"
+	"sync/atomic"
+
+	"github.com/ustack/ustack/stack"
+)
+
+// Policy is one configuration of ustack's receive path under measurement,
+// as cmd/ustack builds it from its switches (-lro, -hds, ...). The bench
+// only builds stacks with it; parsing the switches stays with the command.
+type Policy interface {
+	// StackConfig returns the stack's configuration; the bench sets its
+	// Wire and Addrs.
+	StackConfig() (stack.Config, error)
+	// ReadViews reports whether the TCP reader takes the payload in place
+	// with stack.TCPConn.ReadViews (-zero-copy views) rather than with Read.
+	ReadViews() bool
+}
+
+// ParsePolicy builds the Policy of name=value switch settings, later ones
+// winning; the matrix calls it for every ustack side of every run.
+type ParsePolicy func(settings []string) (Policy, error)
+
+// Row is one configuration of the bench table.
+type Row struct {
+	Name    string
+	Streams int    // parallel TCP streams (0 or 1: one)
+	Policy  Policy // ustack's; nil with Stock
+	MTU     int    // the link's MTU, which the Stock endpoint uses
+	Stock   bool   // gVisor's stock fdbased endpoint instead of ustack's driver
+	Client  string // the sender on a TAP: ClientBuiltin or ClientIPerf3; "": builtin
+}
+
+// readViews reports whether p's reader uses ReadViews; the stock
+// endpoint's (p nil) reads.
+func readViews(p Policy) bool { return p != nil && p.ReadViews() }
+
+// discard returns the TCP discard server for a policy's reader: Read, or
+// ReadViews when readViews(p).
+func discard(p Policy) func(net.Listener, *atomic.Uint64) error {
+	if readViews(p) {
+		return stack.ServeDiscardViews
+	}
+	return stack.ServeDiscard
+}

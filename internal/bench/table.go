@@ -1,0 +1,142 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/ustack/ustack/driver"
+)
+
+// Sample is one measured run of a row.
+type Sample struct {
+	gbps        float64
+	rxCPUPerGB  float64 // receiver process CPU seconds per GB
+	sysCPUPerGB float64 // whole machine CPU seconds per GB
+	nicShare    float64 // share of the receiver's CPU spent in the NIC model's thread
+	counters    map[string]uint64
+	congestion  string
+	peakHeld    int64 // most bytes the page pool held at once during the run
+}
+
+func field(ss []Sample, f func(Sample) float64) []float64 {
+	out := make([]float64, len(ss))
+	for i, s := range ss {
+		out[i] = f(s)
+	}
+	return out
+}
+
+// PrintBench prints one line per row: medians with their spread, and the
+// ratio to the stock endpoint when it ran.
+func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
+	stockMed := 0.0
+	for i, r := range rows {
+		if r.Stock {
+			stockMed, _, _ = Median(field(results[i], func(s Sample) float64 { return s.gbps }))
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t")
+	for i, r := range rows {
+		ss := results[i]
+		g, lo, hi := Median(field(ss, func(s Sample) float64 { return s.gbps }))
+		rx, _, _ := Median(field(ss, func(s Sample) float64 { return s.rxCPUPerGB }))
+		sys, _, _ := Median(field(ss, func(s Sample) float64 { return s.sysCPUPerGB }))
+		nic, _, _ := Median(field(ss, func(s Sample) float64 { return s.nicShare }))
+		ratio := "-"
+		if stockMed > 0 {
+			ratio = fmt.Sprintf("%.2f", g/stockMed)
+		}
+		last := ss[len(ss)-1]
+		c := last.counters
+		fpr, ppp, hdsPkt, hdsPay, segs, fl := "-", "-", "-", "-", "-", "-"
+		if !r.Stock {
+			fpr = ratioStr(c["rx_packets"], c["rx_wire_reads"])
+			ppp = ratioStr(c["rx_packets"], c["rx_napi_polls"])
+			hdsPkt = ratioStr(c["rx_hds_bytes"], c["rx_packets"])
+			hdsPay = strconv.FormatUint(c["rx_hds_payload_bytes"], 10)
+			if _, ok := c["rx_gro_skbs"]; ok {
+				segs = ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"])
+				fl = strconv.FormatUint(c["rx_gro_frag_list"], 10)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.Name, g, lo, hi, ratio, rx, sys, nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, last.congestion)
+	}
+	tw.Flush()
+}
+
+// PrintPool prints seed 001's figures: distinct pages per GRO packet
+// and pool memory per RX ring slot, with throughput.
+func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t")
+	for i, r := range rows {
+		ss := results[i]
+		g, lo, hi := Median(field(ss, func(s Sample) float64 { return s.gbps }))
+		rx, _, _ := Median(field(ss, func(s Sample) float64 { return s.rxCPUPerGB }))
+		held, _, _ := Median(field(ss, func(s Sample) float64 { return float64(s.peakHeld) }))
+		c := ss[len(ss)-1].counters
+		var hist []string
+		for _, b := range []string{"1", "2", "3_4", "5_8", "9_16", "17_32", "33_64", "65_plus"} {
+			hist = append(hist, strconv.FormatUint(c["rx_pkt_pages_"+b], 10))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%s\t%.0f\t%.1f\t%s\t%s\t\n",
+			r.Name, g, lo, hi, rx, ratioStr(c["rx_gro_pkt_pages"], c["rx_gro_pkt_paged"]),
+			held/float64(driver.DefaultRingSize), held/1e6, strings.Join(hist, "|"), ss[len(ss)-1].congestion)
+	}
+	tw.Flush()
+}
+
+// PrintHWGRO prints seed 002's figures: throughput, CPU, frags per
+// packet and the share of payload bytes in page-sized, page-aligned frags.
+func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread in pages\tsegs/GRO pkt\tcc\t")
+	for i, r := range rows {
+		ss := results[i]
+		g, lo, hi := Median(field(ss, func(s Sample) float64 { return s.gbps }))
+		rx, _, _ := Median(field(ss, func(s Sample) float64 { return s.rxCPUPerGB }))
+		nic, _, _ := Median(field(ss, func(s Sample) float64 { return s.nicShare }))
+		c := ss[len(ss)-1].counters
+		share := "-"
+		if p := c["rx_gro_hw_payload_bytes"]; p > 0 {
+			share = fmt.Sprintf("%.0f%%", 100*float64(c["rx_gro_hw_mappable_bytes"])/float64(p))
+		}
+		// What ReadViews handed over in whole pages, without a copy.
+		read := "-"
+		if t := c["zc_read_mapped_bytes"] + c["zc_read_copied_bytes"]; t > 0 {
+			read = fmt.Sprintf("%.0f%%", 100*float64(c["zc_read_page_bytes"])/float64(t))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, g, lo, hi, rx, nic*100,
+			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share, read,
+			ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"]), ss[len(ss)-1].congestion)
+	}
+	tw.Flush()
+}
+
+func ratioStr(a, b uint64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(a)/float64(b))
+}
+
+// Median returns the median and the spread (min, max) of xs.
+func Median(xs []float64) (med, lo, hi float64) {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	n := len(s)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return med, s[0], s[n-1]
+}
