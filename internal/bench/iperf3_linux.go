@@ -24,63 +24,50 @@ const (
 	ClientIPerf3  = "iperf3"  // the iperf3 client against ustack's iperf3 server
 )
 
-// iperf3Options are the client's settings for iperf3Run.
+// iperf3Options are the client's settings for sendIPerf3.
 type iperf3Options struct {
 	dur     time.Duration
 	streams int
-	udpSize int    // UDP datagram size; 0: TCP
 	cc      string // TCP congestion control (-C); "": the kernel's default
 	wsize   int    // TCP write size (-l); 0: iperf3's default (128 KiB)
-}
-
-// iperf3Report is what the bench takes from the client's JSON report.
-type iperf3Report struct {
-	bytes       int64   // received by the server (end.sum_received.bytes)
-	seconds     float64 // over which the server received them
-	bitsPerSec  float64 // end.sum_received.bits_per_second
-	lostPercent float64 // UDP
-	congestion  string  // the TCP sender's congestion control
 }
 
 // iperf3JSON is the part of `iperf3 --json` output the bench reads.
 type iperf3JSON struct {
 	Error string `json:"error"`
 	End   struct {
-		SumReceived         *iperf3Sum `json:"sum_received"`
-		Sum                 *iperf3Sum `json:"sum"` // UDP, before 3.10
-		SenderTCPCongestion string     `json:"sender_tcp_congestion"`
+		SumReceived *struct {
+			Seconds float64 `json:"seconds"`
+			Bytes   float64 `json:"bytes"`
+		} `json:"sum_received"`
+		SenderTCPCongestion string `json:"sender_tcp_congestion"`
 	} `json:"end"`
 }
 
-type iperf3Sum struct {
-	Seconds       float64 `json:"seconds"`
-	Bytes         float64 `json:"bytes"`
-	BitsPerSecond float64 `json:"bits_per_second"`
-	LostPercent   float64 `json:"lost_percent"`
-}
-
-// iperf3Run runs the iperf3 client in ns against dst and returns its
-// report. The client runs at most dur plus 30 seconds.
-func iperf3Run(ns *testbed.Netns, dst netip.AddrPort, o iperf3Options) (iperf3Report, error) {
-	var r iperf3Report
+// sendIPerf3 runs the iperf3 client (`iperf3 -c`, from the system's iperf3
+// package) in ns against the iperf3 server at dst (serveIPerf3) for a
+// bench row: TCP for o.dur, rounded up to whole seconds as iperf3's -t
+// takes them, with o.streams parallel streams (-P). It returns the
+// client's report as the built-in sender gives its figures: Bytes and
+// Seconds are what the server received and over which time
+// (end.sum_received), which is what the bench checks against the server's
+// count. The client runs at most o.dur plus 30 seconds.
+func sendIPerf3(ns *testbed.Netns, dst netip.AddrPort, o iperf3Options) (SendResult, error) {
+	var r SendResult
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		return r, errors.New("iperf3 not found: install it (apt-get install iperf3)")
 	}
-	if o.dur <= 0 || o.streams < 1 || o.streams > 128 || o.udpSize < 0 || o.udpSize > 65507 {
-		return r, fmt.Errorf("iperf3: want a duration > 0, 1..128 streams and a UDP size of 0..65507, got %v, %d, %d", o.dur, o.streams, o.udpSize)
+	if o.dur <= 0 || o.streams < 1 || o.streams > 128 {
+		return r, fmt.Errorf("iperf3: want a duration > 0 and 1..128 streams, got %v, %d", o.dur, o.streams)
 	}
 	secs := int(math.Ceil(o.dur.Seconds()))
 	args := []string{"-c", dst.Addr().String(), "-p", strconv.Itoa(int(dst.Port())),
 		"-t", strconv.Itoa(secs), "-P", strconv.Itoa(o.streams), "--json", "--connect-timeout", "5000"}
-	if o.udpSize > 0 {
-		args = append(args, "-u", "-l", strconv.Itoa(o.udpSize), "-b", "0")
-	} else {
-		if o.cc != "" {
-			args = append(args, "-C", o.cc)
-		}
-		if o.wsize > 0 {
-			args = append(args, "-l", strconv.Itoa(o.wsize))
-		}
+	if o.cc != "" {
+		args = append(args, "-C", o.cc)
+	}
+	if o.wsize > 0 {
+		args = append(args, "-l", strconv.Itoa(o.wsize))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs)*time.Second+30*time.Second)
 	defer cancel()
@@ -100,17 +87,9 @@ func iperf3Run(ns *testbed.Netns, dst netip.AddrPort, o iperf3Options) (iperf3Re
 	}
 	sum := j.End.SumReceived
 	if sum == nil {
-		sum = j.End.Sum
-	}
-	if sum == nil {
 		return r, fmt.Errorf("iperf3 %s: no end.sum_received in its report", strings.Join(args, " "))
 	}
-	r.bytes = int64(sum.Bytes)
-	r.seconds = sum.Seconds
-	r.bitsPerSec = sum.BitsPerSecond
-	r.lostPercent = sum.LostPercent
-	r.congestion = j.End.SenderTCPCongestion
-	return r, nil
+	return SendResult{Bytes: int64(sum.Bytes), Seconds: sum.Seconds, Congestion: j.End.SenderTCPCongestion}, nil
 }
 
 // IPerf3Version returns the first line of `iperf3 --version`, such as
@@ -137,15 +116,4 @@ func serveIPerf3(st *stack.Stack, ap netip.AddrPort, received *atomic.Uint64) (s
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
 	return func() { srv.Close(); <-served }, nil
-}
-
-// sendIPerf3 runs the iperf3 client for a bench row and returns its
-// figures as the built-in sender reports them. Bytes are what the server
-// received, which is what the bench checks against the server's count.
-func sendIPerf3(ns *testbed.Netns, ap netip.AddrPort, dur time.Duration, streams int, cc string, wsize int) (SendResult, error) {
-	r, err := iperf3Run(ns, ap, iperf3Options{dur: dur, streams: streams, cc: cc, wsize: wsize})
-	if err != nil {
-		return SendResult{}, err
-	}
-	return SendResult{Bytes: r.bytes, Seconds: r.seconds, Congestion: r.congestion}, nil
 }

@@ -68,7 +68,7 @@ func Measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc str
 	stopSampling := samplePool(st, &s.peakHeld)
 	var res SendResult
 	if row.Client == ClientIPerf3 {
-		res, err = sendIPerf3(bed.NS, ap, dur, max(1, row.Streams), cc, wsize)
+		res, err = sendIPerf3(bed.NS, ap, iperf3Options{dur: dur, streams: max(1, row.Streams), cc: cc, wsize: wsize})
 		stopSampling()
 		if err != nil {
 			return s, fmt.Errorf("sender: %w", err)
