@@ -22,12 +22,45 @@ type Sample struct {
 	peakHeld    int64 // most bytes the page pool held at once during the run
 }
 
-func field(ss []Sample, f func(Sample) float64) []float64 {
-	out := make([]float64, len(ss))
-	for i, s := range ss {
-		out[i] = f(s)
+// summary is a row's samples summed up for a table: the medians, the
+// throughput's spread, and the last run's counters and congestion control.
+type summary struct {
+	gbps, lo, hi                 float64
+	rxCPUPerGB, sysCPUPerGB, nic float64
+	peakHeld                     float64
+	counters                     map[string]uint64
+	congestion                   string
+}
+
+// summarize sums up ss, which holds at least one sample.
+func summarize(ss []Sample) summary {
+	vals := func(f func(Sample) float64) []float64 {
+		xs := make([]float64, len(ss))
+		for i, s := range ss {
+			xs[i] = f(s)
+		}
+		return xs
 	}
-	return out
+	var m summary
+	m.gbps, m.lo, m.hi = Median(vals(func(s Sample) float64 { return s.gbps }))
+	m.rxCPUPerGB, _, _ = Median(vals(func(s Sample) float64 { return s.rxCPUPerGB }))
+	m.sysCPUPerGB, _, _ = Median(vals(func(s Sample) float64 { return s.sysCPUPerGB }))
+	m.nic, _, _ = Median(vals(func(s Sample) float64 { return s.nicShare }))
+	m.peakHeld, _, _ = Median(vals(func(s Sample) float64 { return float64(s.peakHeld) }))
+	last := ss[len(ss)-1]
+	m.counters, m.congestion = last.counters, last.congestion
+	return m
+}
+
+// printTable writes a right-aligned table: the header's tab-separated
+// columns, then a line per row, which line writes from the row's summary.
+func printTable(w io.Writer, header string, rows []Row, results [][]Sample, line func(tw io.Writer, r Row, m summary)) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, header)
+	for i, r := range rows {
+		line(tw, r, summarize(results[i]))
+	}
+	tw.Flush()
 }
 
 // PrintBench prints one line per row: medians with their spread, and the
@@ -36,23 +69,15 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 	stockMed := 0.0
 	for i, r := range rows {
 		if r.Stock {
-			stockMed, _, _ = Median(field(results[i], func(s Sample) float64 { return s.gbps }))
+			stockMed = summarize(results[i]).gbps
 		}
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t")
-	for i, r := range rows {
-		ss := results[i]
-		g, lo, hi := Median(field(ss, func(s Sample) float64 { return s.gbps }))
-		rx, _, _ := Median(field(ss, func(s Sample) float64 { return s.rxCPUPerGB }))
-		sys, _, _ := Median(field(ss, func(s Sample) float64 { return s.sysCPUPerGB }))
-		nic, _, _ := Median(field(ss, func(s Sample) float64 { return s.nicShare }))
+	printTable(w, "configuration\tGbit/s (min-max)\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		ratio := "-"
 		if stockMed > 0 {
-			ratio = fmt.Sprintf("%.2f", g/stockMed)
+			ratio = fmt.Sprintf("%.2f", m.gbps/stockMed)
 		}
-		last := ss[len(ss)-1]
-		c := last.counters
+		c := m.counters
 		fpr, ppp, hdsPkt, hdsPay, segs, fl := "-", "-", "-", "-", "-", "-"
 		if !r.Stock {
 			fpr = ratioStr(c["rx_packets"], c["rx_wire_reads"])
@@ -65,44 +90,30 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			r.Name, g, lo, hi, ratio, rx, sys, nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, last.congestion)
-	}
-	tw.Flush()
+			r.Name, m.gbps, m.lo, m.hi, ratio, m.rxCPUPerGB, m.sysCPUPerGB, m.nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, m.congestion)
+	})
 }
 
 // PrintPool prints seed 001's figures: distinct pages per GRO packet
 // and pool memory per RX ring slot, with throughput.
 func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t")
-	for i, r := range rows {
-		ss := results[i]
-		g, lo, hi := Median(field(ss, func(s Sample) float64 { return s.gbps }))
-		rx, _, _ := Median(field(ss, func(s Sample) float64 { return s.rxCPUPerGB }))
-		held, _, _ := Median(field(ss, func(s Sample) float64 { return float64(s.peakHeld) }))
-		c := ss[len(ss)-1].counters
+	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
+		c := m.counters
 		var hist []string
 		for _, b := range []string{"1", "2", "3_4", "5_8", "9_16", "17_32", "33_64", "65_plus"} {
 			hist = append(hist, strconv.FormatUint(c["rx_pkt_pages_"+b], 10))
 		}
 		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%s\t%.0f\t%.1f\t%s\t%s\t\n",
-			r.Name, g, lo, hi, rx, ratioStr(c["rx_gro_pkt_pages"], c["rx_gro_pkt_paged"]),
-			held/float64(driver.DefaultRingSize), held/1e6, strings.Join(hist, "|"), ss[len(ss)-1].congestion)
-	}
-	tw.Flush()
+			r.Name, m.gbps, m.lo, m.hi, m.rxCPUPerGB, ratioStr(c["rx_gro_pkt_pages"], c["rx_gro_pkt_paged"]),
+			m.peakHeld/float64(driver.DefaultRingSize), m.peakHeld/1e6, strings.Join(hist, "|"), m.congestion)
+	})
 }
 
 // PrintHWGRO prints seed 002's figures: throughput, CPU, frags per
 // packet and the share of payload bytes in page-sized, page-aligned frags.
 func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread in pages\tsegs/GRO pkt\tcc\t")
-	for i, r := range rows {
-		ss := results[i]
-		g, lo, hi := Median(field(ss, func(s Sample) float64 { return s.gbps }))
-		rx, _, _ := Median(field(ss, func(s Sample) float64 { return s.rxCPUPerGB }))
-		nic, _, _ := Median(field(ss, func(s Sample) float64 { return s.nicShare }))
-		c := ss[len(ss)-1].counters
+	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread in pages\tsegs/GRO pkt\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
+		c := m.counters
 		share := "-"
 		if p := c["rx_gro_hw_payload_bytes"]; p > 0 {
 			share = fmt.Sprintf("%.0f%%", 100*float64(c["rx_gro_hw_mappable_bytes"])/float64(p))
@@ -112,11 +123,10 @@ func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
 		if t := c["zc_read_mapped_bytes"] + c["zc_read_copied_bytes"]; t > 0 {
 			read = fmt.Sprintf("%.0f%%", 100*float64(c["zc_read_page_bytes"])/float64(t))
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, g, lo, hi, rx, nic*100,
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, m.gbps, m.lo, m.hi, m.rxCPUPerGB, m.nic*100,
 			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share, read,
-			ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"]), ss[len(ss)-1].congestion)
-	}
-	tw.Flush()
+			ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"]), m.congestion)
+	})
 }
 
 func ratioStr(a, b uint64) string {
