@@ -16,10 +16,10 @@ import (
 	"github.com/ustack/ustack/stack"
 )
 
-// TestSetupTunnel follows setupTunnel's contract as the bench
-// does, for IPv4 and IPv6 inside, and sends a stream from a kernel socket
-// in the bed's namespace through the tunnel, checking every byte and that
-// the driver decapsulated.
+// TestSetupTunnel follows setupTunnel's contract as the matrix does, for
+// IPv4 and IPv6 inside, and sends a stream from a kernel socket in the
+// bed's namespace through the tunnel, checking every byte and that the
+// driver decapsulated.
 func TestSetupTunnel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for TAP and netns; run go test as root")
