@@ -396,11 +396,13 @@ func (e *echoServer) serve(l net.Listener) error {
 }
 
 // echoConn is one echo connection's share: held buffers, of which tokens
-// (held-1, or 0) carry a budget token.
+// (held-1, or 0) carry a budget token, and of which free wait for the
+// reader while the writer is busy.
 type echoConn struct {
 	mu     sync.Mutex
-	held   int // +checklocks:mu
-	tokens int // +checklocks:mu
+	held   int                  // +checklocks:mu
+	tokens int                  // +checklocks:mu
+	free   []*[echoBufSize]byte // +checklocks:mu
 	freed  chan struct{}
 }
 
@@ -426,7 +428,7 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 			if m > 0 {
 				full <- echoChunk{buf, m}
 			} else {
-				e.release(ec, buf)
+				e.release(ec, buf, false)
 			}
 			if err != nil {
 				return
@@ -449,7 +451,7 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 				c.Close()
 			}
 		}
-		e.release(ec, ch.buf)
+		e.release(ec, ch.buf, len(full) > 0)
 	}
 }
 
@@ -466,6 +468,12 @@ type echoChunk struct {
 func (e *echoServer) take(ec *echoConn, r *serverReader) *[echoBufSize]byte {
 	for {
 		ec.mu.Lock()
+		if n := len(ec.free); n > 0 {
+			buf := ec.free[n-1]
+			ec.free = ec.free[:n-1]
+			ec.mu.Unlock()
+			return buf
+		}
 		ok := ec.held == 0
 		if !ok && ec.held < e.share {
 			select {
@@ -493,18 +501,31 @@ func (e *echoServer) take(ec *echoConn, r *serverReader) *[echoBufSize]byte {
 	}
 }
 
-// release gives buf back, with a budget token if ec holds one beyond its
-// first buffer, and wakes a waiting take.
-func (e *echoServer) release(ec *echoConn, buf *[echoBufSize]byte) {
+// release gives buf back. While busy (more is waiting to be written) the
+// connection keeps it for its reader, token and all, as a socket keeps
+// its memory while it has data queued; otherwise it gives it and every
+// buffer its reader did not take back, with their budget tokens, so that
+// an idle connection holds none. It wakes a waiting take.
+func (e *echoServer) release(ec *echoConn, buf *[echoBufSize]byte, busy bool) {
 	ec.mu.Lock()
-	ec.held--
-	if ec.tokens > 0 {
-		ec.tokens--
-		<-e.budget
+	if busy {
+		ec.free = append(ec.free, buf)
+		ec.mu.Unlock()
+	} else {
+		n := 1 + len(ec.free)
+		ec.held -= n
+		for ec.tokens > max(0, ec.held-1) {
+			ec.tokens--
+			<-e.budget
+		}
+		for _, b := range ec.free {
+			echoBufs.Put(b)
+		}
+		ec.free = ec.free[:0]
+		ec.mu.Unlock()
+		e.st.bufBytes.Add(-int64(n) * echoBufSize)
+		echoBufs.Put(buf)
 	}
-	ec.mu.Unlock()
-	e.st.bufBytes.Add(-echoBufSize)
-	echoBufs.Put(buf)
 	select {
 	case ec.freed <- struct{}{}:
 	default:
