@@ -316,10 +316,12 @@ func TestServeIdleHoldsNoBuffer(t *testing.T) {
 // server reset c, cleanup closed it, or its deadline passed), at most 256
 // MB: far more than the socket buffers of both ends and the echo's
 // buffers hold, so that its writes block and so do the server's.
-func sendNoRead(c net.Conn) {
+func sendNoRead(c net.Conn, written *atomic.Uint64) {
 	buf := make([]byte, 64<<10)
 	for range 4096 {
-		if _, err := c.Write(buf); err != nil {
+		n, err := c.Write(buf)
+		written.Add(uint64(n))
+		if err != nil {
 			return
 		}
 	}
@@ -340,10 +342,26 @@ func TestEchoShare(t *testing.T) {
 	e := newEchoServer(&cfg, statsOf(l))
 	serveInBackground(t, l, func() error { return e.serve(l) })
 	stuck := abusers * (share - 1) // each holds its first buffer and share-1 with tokens
+	var written atomic.Uint64
 	for _, c := range dialN(t, peer, ap, abusers) {
-		go sendNoRead(c)
+		go sendNoRead(c, &written)
 	}
-	waitFor(t, fmt.Sprintf("the abusers hold %d tokens", stuck), func() bool { return len(e.budget) == stuck })
+	// The budget never holds more than the abusers' shares, from the
+	// start until they are stuck: their writes blocked, as the server's
+	// (a pause in the polling below tells it; it only waits, it asserts
+	// nothing).
+	peak := 0
+	waitFor(t, fmt.Sprintf("the abusers stuck, holding %d tokens", stuck), func() bool {
+		before := written.Load()
+		for range 100 {
+			peak = max(peak, len(e.budget))
+			time.Sleep(time.Millisecond)
+		}
+		return written.Load() == before && len(e.budget) == stuck
+	})
+	if peak > stuck {
+		t.Fatalf("budget tokens held by %d abusers: peak %d, want at most their shares' %d", abusers, peak, stuck)
+	}
 
 	c := dialN(t, peer, ap, 1)[0]
 	const n = 2 << 20
@@ -381,7 +399,7 @@ func TestEchoWriteTimeout(t *testing.T) {
 	e := newEchoServer(&cfg, statsOf(l))
 	serveInBackground(t, l, func() error { return e.serve(l) })
 	c := dialN(t, peer, ap, 1)[0]
-	go sendNoRead(c)
+	go sendNoRead(c, new(atomic.Uint64))
 	waitFor(t, "server_write_timeouts counts the connection", func() bool { return counterMap(rx)["server_write_timeouts"] == 1 })
 	waitFor(t, "its budget tokens back", func() bool { return len(e.budget) == 0 })
 	waitFor(t, "its buffers back", func() bool { return counterMap(rx)["server_buf_bytes_current"] == 0 })
