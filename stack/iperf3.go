@@ -80,6 +80,7 @@ const (
 	iperf3ErrNoSCTP        = 18  // IENOSCTP
 	iperf3ErrUDPBlockSize  = 20  // IEUDPBLOCKSIZE
 	iperf3ErrReverseBidir  = 25  // IEREVERSEBIDIR
+	iperf3ErrMaxDuration   = 37  // IEMAXSERVERTESTDURATIONEXCEEDED
 	iperf3ErrRecvParams    = 114 // IERECVPARAMS
 	iperf3ErrStreamListen  = 202 // IESTREAMLISTEN
 )
@@ -107,11 +108,38 @@ type IPerf3Config struct {
 	// results and its IPERF_DONE, and every write on the control
 	// connection. Default 10s.
 	StepTimeout time.Duration
-	// MaxDuration bounds the running phase of a test without a time limit
-	// (-n or -k). A timed test (-t) is ended StepTimeout after its -t and
-	// -O have passed, as iperf3's server does. Default 10 minutes.
+	// MaxDuration bounds a test's running phase: a timed test (-t) whose
+	// -t and -O add up to more is refused (iperf3's --server-max-duration,
+	// IEMAXSERVERTESTDURATIONEXCEEDED); one without a time limit (-n or
+	// -k) is ended there. A timed test is ended StepTimeout after its -t
+	// and -O have passed, as iperf3's server does. Default
+	// DefaultIPerf3MaxDuration.
 	MaxDuration time.Duration
+	// MaxRate caps what the server sends in a test (-R, --bidir), in bits
+	// per second over all its sending streams: each is paced at most at
+	// its part of it, whatever -b asked (-b 0 too). 0:
+	// DefaultIPerf3MaxRate; < 0: no cap.
+	MaxRate float64
+	// IdleTimeout ends a running test in which no stream moved a byte
+	// for this long (iperf3_idle_timeouts), so that a client that went
+	// silent gives the server's one test slot back. 0:
+	// DefaultIPerf3IdleTimeout; < 0: none.
+	IdleTimeout time.Duration
 }
+
+// The IPerf3Config defaults, as a server operator would pick them. The
+// server runs one test at a time, so MaxDuration is how long one client
+// can keep everyone else out: 10 minutes is far more than a measurement
+// needs (iperf3's default test is 10 s). 10 Gbit/s is above what ustack's
+// sender reaches on the test machines, so it caps no measurement there,
+// yet bounds what a client can make the server send (UDP is sent only to
+// the control connection's own address). The idle timeout is that of the
+// built-in servers: a minute without a byte is no measurement.
+const (
+	DefaultIPerf3MaxDuration = 10 * time.Minute
+	DefaultIPerf3MaxRate     = 10e9
+	DefaultIPerf3IdleTimeout = time.Minute
+)
 
 func (c *IPerf3Config) stepTimeout() time.Duration {
 	if c.StepTimeout > 0 {
@@ -124,7 +152,22 @@ func (c *IPerf3Config) maxDuration() time.Duration {
 	if c.MaxDuration > 0 {
 		return c.MaxDuration
 	}
-	return 10 * time.Minute
+	return DefaultIPerf3MaxDuration
+}
+
+// maxRate returns the cap on what the server sends, 0 for none.
+func (c *IPerf3Config) maxRate() float64 {
+	switch {
+	case c.MaxRate == 0:
+		return DefaultIPerf3MaxRate
+	case c.MaxRate < 0:
+		return 0
+	}
+	return c.MaxRate
+}
+
+func (c *IPerf3Config) idleTimeout() time.Duration {
+	return timeoutOr(c.IdleTimeout, DefaultIPerf3IdleTimeout)
 }
 
 // IPerf3Result is what the server saw of one test. Byte and packet counts
@@ -185,6 +228,9 @@ var (
 	ErrIPerf3ServerClosed = errors.New("iperf3: server closed")
 	// ErrIPerf3TimeLimit: the test ran past its time limit.
 	ErrIPerf3TimeLimit = errors.New("iperf3: test ran past its time limit")
+	// ErrIPerf3Idle: no stream moved a byte for IdleTimeout; the client
+	// got SERVER_TERMINATE.
+	ErrIPerf3Idle = errors.New("iperf3: test idle")
 )
 
 // IPerf3Server serves the iperf3 protocol (the server side of `iperf3 -s`)
@@ -210,9 +256,20 @@ type IPerf3Server struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup // every goroutine Serve started
 
+	// pending holds a token for every connection being handed to a
+	// running test or refused (joinTCP, deny): with it, the goroutines of
+	// a test are bounded whatever a client opens.
+	pending chan struct{}
+
 	mu  sync.Mutex
 	cur *iperf3Test // +checklocks:mu
 }
+
+// iperf3MaxPending bounds the connections a server reads a cookie from or
+// refuses at once: every stream of the largest test (--bidir -P 128) and
+// some to spare for the refused. One more is closed at once
+// (iperf3_conns_dropped).
+const iperf3MaxPending = 2*iperf3MaxStreams + 16
 
 // ListenIPerf3 listens on addr (TCP; UDP tests open the same port on UDP
 // while they run) for iperf3 clients. Call Serve to serve them. An
@@ -224,7 +281,7 @@ func (s *Stack) ListenIPerf3(addr netip.AddrPort, cfg IPerf3Config) (*IPerf3Serv
 		return nil, fmt.Errorf("iperf3: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &IPerf3Server{st: s, addr: addr, cfg: cfg, l: l, ctx: ctx, cancel: cancel}, nil
+	return &IPerf3Server{st: s, addr: addr, cfg: cfg, l: l, ctx: ctx, cancel: cancel, pending: make(chan struct{}, iperf3MaxPending)}, nil
 }
 
 // ServeIPerf3 listens on addr and serves iperf3 clients until ctx is done.
@@ -304,18 +361,28 @@ func (srv *IPerf3Server) dispatch(c net.Conn) {
 	case t.state.Load() == iperf3CreateStreams && !t.set.udp:
 		seq := t.accepts
 		t.accepts++
-		srv.wg.Add(1)
-		go func() {
-			defer srv.wg.Done()
-			t.joinTCP(c, seq)
-		}()
+		srv.goPending(c, func() { t.joinTCP(c, seq) })
 	default:
-		srv.wg.Add(1)
-		go func() {
-			defer srv.wg.Done()
-			srv.deny(c)
-		}()
+		srv.goPending(c, func() { srv.deny(c) })
 	}
+}
+
+// goPending runs fn for c on a goroutine of its own if fewer than
+// iperf3MaxPending run, else closes c at once.
+func (srv *IPerf3Server) goPending(c net.Conn, fn func()) {
+	select {
+	case srv.pending <- struct{}{}:
+	default:
+		c.Close()
+		srv.st.servers.iperf3ConnsDropped.Add(1)
+		return
+	}
+	srv.wg.Add(1)
+	go func() {
+		defer srv.wg.Done()
+		defer func() { <-srv.pending }()
+		fn()
+	}()
 }
 
 // deny sends ACCESS_DENIED on c and closes it. What the client sent (its
@@ -367,7 +434,7 @@ type iperf3Settings struct {
 
 // settings checks p and returns the test's settings, or the iperf3 error
 // number to send the client and an error.
-func (p *iperf3Params) settings() (iperf3Settings, int32, error) {
+func (p *iperf3Params) settings(cfg *IPerf3Config) (iperf3Settings, int32, error) {
 	var s iperf3Settings
 	bad := func(code int32, format string, args ...any) (iperf3Settings, int32, error) {
 		return iperf3Settings{}, code, fmt.Errorf("iperf3: "+format, args...)
@@ -387,6 +454,8 @@ func (p *iperf3Params) settings() (iperf3Settings, int32, error) {
 		return bad(iperf3ErrOmit, "omit %v", p.Omit)
 	case p.Num < 0 || p.BlockCount < 0 || p.Bandwidth < 0 || p.Len < 0:
 		return bad(iperf3ErrRecvParams, "negative parameter")
+	case p.Time > 0 && time.Duration((p.Time+p.Omit)*float64(time.Second)) > cfg.maxDuration():
+		return bad(iperf3ErrMaxDuration, "time %v and omit %v: more than the server's maximum of %v", p.Time, p.Omit, cfg.maxDuration())
 	}
 	s.udp = p.UDP && !p.TCP
 	s.streams = max(1, int(p.Parallel))
@@ -395,6 +464,11 @@ func (p *iperf3Params) settings() (iperf3Settings, int32, error) {
 	s.omit = time.Duration(p.Omit * float64(time.Second))
 	s.bytes, s.blocks = uint64(p.Num), uint64(p.BlockCount)
 	s.rate = p.Bandwidth
+	if limit := cfg.maxRate(); limit > 0 && (s.rate == 0 || s.rate > limit/float64(s.streams)) {
+		// Every sending stream gets its part of the cap (-P streams
+		// send, with -R and with --bidir alike).
+		s.rate = limit / float64(s.streams)
+	}
 	s.counters64 = p.Counters64 != 0
 	s.blksize = int(p.Len)
 	if s.udp {

@@ -141,7 +141,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 	// From here to TEST_END the protocol's waits watch ctx themselves.
 	wake()
 	t.ctrl.SetReadDeadline(time.Time{})
-	set, code, err := p.settings()
+	set, code, err := p.settings(&t.srv.cfg)
 	if err != nil {
 		t.serverError(code)
 		return err
@@ -196,16 +196,37 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 	}
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
-	select {
-	case m := <-t.ctrlMsgs:
-		if err := t.ctrlError(m, iperf3TestEnd); err != nil {
-			return err
+	// The idle watch looks at the streams' bytes every quarter of the
+	// idle timeout, so it ends an idle test within 1.25 timeouts.
+	idle := t.srv.cfg.idleTimeout()
+	var watch <-chan time.Time
+	if idle > 0 {
+		tick := time.NewTicker(idle / 4)
+		defer tick.Stop()
+		watch = tick.C
+	}
+	moved, movedAt := t.moved(), time.Now()
+	for running := true; running; {
+		select {
+		case m := <-t.ctrlMsgs:
+			if err := t.ctrlError(m, iperf3TestEnd); err != nil {
+				return err
+			}
+			running = false
+		case <-timer.C:
+			return ErrIPerf3TimeLimit
+		case now := <-watch:
+			if n := t.moved(); n != moved {
+				moved, movedAt = n, now
+			} else if now.Sub(movedAt) >= idle {
+				t.srv.st.servers.iperf3IdleTimeouts.Add(1)
+				t.send(iperf3ServerTerminate)
+				return ErrIPerf3Idle
+			}
+		case <-t.srv.ctx.Done():
+			t.send(iperf3ServerTerminate)
+			return ErrIPerf3ServerClosed
 		}
-	case <-timer.C:
-		return ErrIPerf3TimeLimit
-	case <-t.srv.ctx.Done():
-		t.send(iperf3ServerTerminate)
-		return ErrIPerf3ServerClosed
 	}
 	*end = time.Now()
 	t.state.Store(iperf3TestEnd)
@@ -246,6 +267,15 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 		return fmt.Errorf("iperf3: got message %d, want IPERF_DONE", int8(b[0]))
 	}
 	return nil
+}
+
+// moved returns the bytes the streams have moved so far, both ways.
+func (t *iperf3Test) moved() uint64 {
+	var n uint64
+	for _, s := range t.streams {
+		n += s.bytes.Load()
+	}
+	return n
 }
 
 // wakeOnClose makes the server's closing end the control connection's

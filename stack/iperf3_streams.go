@@ -39,10 +39,18 @@ func (t *iperf3Test) joinTCP(c net.Conn, seq int) {
 // new address is a stream's hello and is answered; while the test runs,
 // datagrams of receiving streams are counted. It ends when the socket is
 // closed.
+//
+// A hello counts only from the control connection's own address (any
+// port): UDP's source is not verified, and a hello is what makes the
+// server send (with -R, a stream's worth for the test's duration), so a
+// hello from elsewhere could aim the test at a third party. It is dropped
+// and counted (iperf3_udp_hellos_rejected). The TCP handshake of the
+// control connection is what proves the client's address.
 func (t *iperf3Test) readUDP() {
 	defer t.wg.Done()
 	buf := make([]byte, 65536)
 	peers := map[netip.AddrPort]*iperf3Stream{}
+	client := addrPortOf(t.ctrl.RemoteAddr()).Addr().Unmap()
 	for {
 		m, from, err := t.udp.ReadFrom(buf)
 		if err != nil {
@@ -56,6 +64,10 @@ func (t *iperf3Test) readUDP() {
 		s := peers[ap]
 		if s == nil {
 			if t.state.Load() != iperf3CreateStreams || len(peers) == t.set.total() || m != 4 {
+				continue
+			}
+			if ap.Addr().Unmap() != client {
+				t.srv.st.servers.iperf3HellosRejected.Add(1)
 				continue
 			}
 			i := len(peers)

@@ -573,6 +573,8 @@ func TestIPerf3ServerError(t *testing.T) {
 		{"udp-block", map[string]any{"udp": true, "time": 10, "parallel": 1, "len": 8}, iperf3ErrUDPBlockSize},
 		{"reverse-bidir", map[string]any{"tcp": true, "time": 10, "reverse": true, "bidirectional": true}, iperf3ErrReverseBidir},
 		{"auth", map[string]any{"tcp": true, "time": 10, "authtoken": "x"}, iperf3ErrUnimplemented},
+		// -t and -O past the default MaxDuration of 10 minutes.
+		{"max-duration", map[string]any{"tcp": true, "time": 590, "omit": 20}, iperf3ErrMaxDuration},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rx, peer := pair(t, driver.Config{})

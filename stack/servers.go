@@ -2,27 +2,168 @@ package stack
 
 import (
 	"errors"
+	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/waiter"
 )
 
-// serverBufSize is the read size of the built-in servers: large enough that
+// ServerConfig bounds what the built-in TCP servers (discard, echo) give
+// one peer, so that what a server holds stays bounded whatever peers open,
+// and an idle or stalled peer gives its connection slot back. The zero
+// value is the defaults.
+type ServerConfig struct {
+	// MaxConns bounds the connections the server handles at once; one
+	// more is closed as soon as it is accepted (server_conns_refused).
+	// 0: 4096.
+	MaxConns int
+	// MaxConnsPerSource bounds the connections from one source address
+	// (IPv4-mapped IPv6 addresses count as IPv4), as iptables connlimit
+	// does with its default masks; one more is closed at once
+	// (server_conns_source_refused). 0: DefaultServerConnsPerSource.
+	MaxConnsPerSource int
+	// IdleTimeout closes a connection whose peer sent nothing for this
+	// long: the read deadline, re-armed before every read
+	// (server_idle_timeouts). 0: DefaultServerIdleTimeout; < 0: none.
+	IdleTimeout time.Duration
+	// WriteTimeout closes an echo connection whose peer took none of its
+	// echo for this long: the write deadline of every write
+	// (server_write_timeouts). 0: DefaultServerWriteTimeout; < 0: none.
+	WriteTimeout time.Duration
+	// EchoMemory is the budget echo connections share for their buffers
+	// beyond their first. 0: 256 MiB.
+	EchoMemory int
+	// EchoConnMemory is the most one echo connection holds in buffers,
+	// its share of EchoMemory. 0: DefaultEchoConnMemory.
+	EchoConnMemory int
+}
+
+// The ServerConfig defaults, as a server operator would pick them:
+//   - 64 connections per source: what one client needs for a parallel
+//     test (ustack bench opens up to 64 streams), while 64 sources are
+//     needed to take all 4096 slots and one source can take at most half
+//     of the echo budget (64 x 2 MiB of 256 MiB).
+//   - 60 s idle and write timeouts: far longer than any pause of a live
+//     peer (TCP's own retransmission backoff reaches a minute only after
+//     a dozen losses), short enough that a peer that went silent or stops
+//     reading gives its slot and buffers back within a minute.
+//   - 2 MiB of echo backlog per connection: 32 buffers, more than a
+//     client's default socket buffers hold in flight, so that a peer that
+//     sends a little before it reads still gets its echo; 128 connections
+//     are needed to take the whole budget.
+const (
+	DefaultServerConnsPerSource = 64
+	DefaultServerIdleTimeout    = 60 * time.Second
+	DefaultServerWriteTimeout   = 60 * time.Second
+	DefaultEchoConnMemory       = 2 << 20
+)
+
+func (c *ServerConfig) maxConns() int { return cmpOr(c.MaxConns, maxServerConns) }
+func (c *ServerConfig) maxPerSource() int {
+	return cmpOr(c.MaxConnsPerSource, DefaultServerConnsPerSource)
+}
+func (c *ServerConfig) echoMemory() int     { return cmpOr(c.EchoMemory, echoServerMemory) }
+func (c *ServerConfig) echoConnMemory() int { return cmpOr(c.EchoConnMemory, DefaultEchoConnMemory) }
+func (c *ServerConfig) idleTimeout() time.Duration {
+	return timeoutOr(c.IdleTimeout, DefaultServerIdleTimeout)
+}
+func (c *ServerConfig) writeTimeout() time.Duration {
+	return timeoutOr(c.WriteTimeout, DefaultServerWriteTimeout)
+}
+
+func cmpOr(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// timeoutOr returns v, def if v is 0, and 0 (none) if v < 0.
+func timeoutOr(v, def time.Duration) time.Duration {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// serverStats are the built-in servers' counters (discard, echo and
+// iperf3), kept by the Stack whose listener they serve.
+type serverStats struct {
+	connsRefused, sourceRefused atomic.Uint64
+	idleTimeouts, writeTimeouts atomic.Uint64
+	// bufBytes is the memory the discard and echo connections hold in
+	// read buffers now (a gauge).
+	bufBytes atomic.Int64
+
+	iperf3HellosRejected, iperf3IdleTimeouts, iperf3ConnsDropped atomic.Uint64
+}
+
+func (st *serverStats) each(fn func(string, uint64)) {
+	fn("server_conns_refused", st.connsRefused.Load())
+	fn("server_conns_source_refused", st.sourceRefused.Load())
+	fn("server_idle_timeouts", st.idleTimeouts.Load())
+	fn("server_write_timeouts", st.writeTimeouts.Load())
+	fn("server_buf_bytes_current", uint64(max(0, st.bufBytes.Load())))
+	fn("iperf3_udp_hellos_rejected", st.iperf3HellosRejected.Load())
+	fn("iperf3_idle_timeouts", st.iperf3IdleTimeouts.Load())
+	fn("iperf3_conns_dropped", st.iperf3ConnsDropped.Load())
+}
+
+// statsOf returns the counters of l's Stack, or fresh ones if l is not a
+// Stack's listener.
+func statsOf(l net.Listener) *serverStats {
+	if tl, ok := l.(*tcpListener); ok {
+		return &tl.s.servers
+	}
+	return new(serverStats)
+}
+
+// serverBufSize is the read size of the discard server: large enough that
 // one Read drains several 64 KB segments from a gVisor receive queue.
 const serverBufSize = 256 << 10
 
+// discardBufs are the discard servers' read buffers. A connection takes one
+// only once data is there to read, reads without blocking and gives it back
+// at once, so the buffers out are about one per running reader, not one per
+// connection.
+var discardBufs = sync.Pool{New: func() any { return new([serverBufSize]byte) }}
+
 // ServeDiscard accepts connections on l and reads and discards everything
-// they send (RFC 863), adding the byte count to n if n is not nil. It returns
-// when l is closed, after every connection handler has finished.
+// they send (RFC 863), adding the byte count to n if n is not nil, with
+// the default ServerConfig. It returns when l is closed, after every
+// connection handler has finished.
 func ServeDiscard(l net.Listener, n *atomic.Uint64) error {
-	return serve(l, maxServerConns, func(c net.Conn) { discard(c, n) })
+	return ServerConfig{}.ServeDiscard(l, n)
 }
 
-// discard reads c until an error, counting into n.
-func discard(c net.Conn, n *atomic.Uint64) {
-	buf := make([]byte, serverBufSize)
+// ServeDiscard is the package's ServeDiscard with c's bounds.
+func (c ServerConfig) ServeDiscard(l net.Listener, n *atomic.Uint64) error {
+	st := statsOf(l)
+	return serve(l, &c, st, func(conn net.Conn, quit <-chan struct{}) { discard(conn, n, &c, st, quit) })
+}
+
+// discard reads c until an error, counting into n. It holds a read buffer
+// only while data is there.
+func discard(c net.Conn, n *atomic.Uint64, cfg *ServerConfig, st *serverStats, quit <-chan struct{}) {
+	r := newServerReader(c, cfg, st, quit)
+	defer r.close()
 	for {
-		m, err := c.Read(buf)
+		if err := r.wait(); err != nil {
+			return
+		}
+		buf := discardBufs.Get().(*[serverBufSize]byte)
+		st.bufBytes.Add(serverBufSize)
+		m, err := r.read(buf[:])
+		st.bufBytes.Add(-serverBufSize)
+		discardBufs.Put(buf)
 		if n != nil && m > 0 {
 			n.Add(uint64(m))
 		}
@@ -36,15 +177,29 @@ func discard(c net.Conn, n *atomic.Uint64) {
 // payload is looked at in place (each view's first byte is touched) and
 // released, never copied when the stack runs with zero copy.
 func ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
-	return serve(l, maxServerConns, func(c net.Conn) {
-		tc, ok := c.(*TCPConn)
+	return ServerConfig{}.ServeDiscardViews(l, n)
+}
+
+// ServeDiscardViews is the package's ServeDiscardViews with c's bounds.
+func (c ServerConfig) ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
+	st := statsOf(l)
+	return serve(l, &c, st, func(conn net.Conn, quit <-chan struct{}) {
+		tc, ok := conn.(*TCPConn)
 		if !ok {
-			discard(c, n)
+			discard(conn, n, &c, st, quit)
 			return
 		}
-		vs := make([]View, 0, 256)
+		r := newServerReader(conn, &c, st, quit)
+		defer r.close()
+		var vs []View
 		var sink byte
 		for {
+			if err := r.wait(); err != nil {
+				return
+			}
+			if vs == nil {
+				vs = make([]View, 0, 256)
+			}
 			var m int
 			var err error
 			vs, m, err = tc.ReadViews(vs[:0], serverBufSize)
@@ -66,146 +221,337 @@ func ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
 // discardSink keeps the touched bytes alive for the compiler.
 var discardSink atomic.Uint32
 
+// errServerIdle ends a connection whose peer sent nothing for the idle
+// timeout.
+var errServerIdle = errors.New("stack: connection idle")
+
+// serverReader reads a built-in server's connection. For the Stack's own
+// connections it waits for data on the gVisor endpoint's wait queue before
+// the caller takes a buffer, and then reads what is there without
+// blocking, so that a connection whose peer sends nothing holds no buffer.
+// Other connections are read with a blocking Read under a read deadline.
+type serverReader struct {
+	c    net.Conn
+	tc   *TCPConn // nil: not the stack's
+	idle time.Duration
+	st   *serverStats
+	quit <-chan struct{} // closed when the server shuts down
+
+	stop     chan struct{} // closed by abort
+	stopOnce sync.Once
+	entry    waiter.Entry
+	ready    chan struct{}
+	timer    *time.Timer
+}
+
+func newServerReader(c net.Conn, cfg *ServerConfig, st *serverStats, quit <-chan struct{}) *serverReader {
+	r := &serverReader{c: c, idle: cfg.idleTimeout(), st: st, quit: quit, stop: make(chan struct{})}
+	if tc, ok := c.(*TCPConn); ok {
+		r.tc = tc
+		r.entry, r.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
+		tc.wq.EventRegister(&r.entry)
+	}
+	return r
+}
+
+// close unregisters the reader; call it once reads have stopped.
+func (r *serverReader) close() {
+	if r.tc != nil {
+		r.tc.wq.EventUnregister(&r.entry)
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+}
+
+// abort makes a wait return an error, from any goroutine.
+func (r *serverReader) abort() { r.stopOnce.Do(func() { close(r.stop) }) }
+
+// wait waits until the connection has data (or its end, or an error) to
+// read. It returns errServerIdle, counted, once the peer sent nothing for
+// the idle timeout, and net.ErrClosed after abort or the server's
+// shutdown.
+func (r *serverReader) wait() error {
+	if r.tc == nil {
+		return nil // read blocks, under a deadline
+	}
+	var expired <-chan time.Time
+	for r.tc.ep.Readiness(waiter.ReadableEvents) == 0 {
+		if r.idle > 0 && expired == nil {
+			if r.timer == nil {
+				r.timer = time.NewTimer(r.idle)
+			} else {
+				r.timer.Reset(r.idle)
+			}
+			expired = r.timer.C
+		}
+		select {
+		case <-r.ready:
+		case <-expired:
+			if r.tc.ep.Readiness(waiter.ReadableEvents) != 0 {
+				return nil
+			}
+			r.st.idleTimeouts.Add(1)
+			return errServerIdle
+		case <-r.stop:
+			return net.ErrClosed
+		case <-r.quit:
+			return net.ErrClosed
+		}
+	}
+	if expired != nil {
+		r.timer.Stop() // Go 1.23 timers: no stale value to drain
+	}
+	return nil
+}
+
+// read reads into buf: what is there without blocking for the stack's
+// connections (after wait; (0, nil) if nothing is), else a Read under the
+// idle deadline. The end of the stream is io.EOF.
+func (r *serverReader) read(buf []byte) (int, error) {
+	if r.tc == nil {
+		if r.idle > 0 {
+			r.c.SetReadDeadline(time.Now().Add(r.idle))
+		}
+		n, err := r.c.Read(buf)
+		if isTimeoutErr(err) {
+			r.st.idleTimeouts.Add(1)
+		}
+		return n, err
+	}
+	w := tcpip.SliceWriter(buf)
+	res, err := r.tc.ep.Read(&w, tcpip.ReadOptions{})
+	if res.Count > 0 {
+		r.tc.ep.ModerateRecvBuf(res.Count)
+	}
+	switch err.(type) {
+	case nil:
+		return res.Count, nil
+	case *tcpip.ErrWouldBlock:
+		return 0, nil
+	case *tcpip.ErrClosedForReceive:
+		return 0, io.EOF
+	default:
+		return 0, r.tc.opError(errors.New(err.String()))
+	}
+}
+
+func isTimeoutErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // ServeEcho accepts connections on l and writes back everything they send
-// (RFC 862). It returns when l is closed, after every handler has finished.
+// (RFC 862), with the default ServerConfig. It returns when l is closed,
+// after every handler has finished.
 //
-// Each connection reads and writes concurrently through up to echoBacklog
-// bytes of buffers, so that a peer which sends more than the socket buffers
-// hold before it reads still gets its echo. (gVisor, unlike Linux, does not
-// take the acknowledgement from a data segment that meets a zero receive
-// window; an echo that stops reading while its own send waits for that
-// acknowledgement would wait forever.) A connection holds two buffers
-// while idle; the ones beyond its first come from a budget of echoServerMemory
-// bytes shared by the server's connections and go back to it as soon as
-// the backlog drains, so a peer that sends without reading cannot make the
-// server hold more than that.
+// Each connection reads and writes concurrently through buffers of its
+// own, so that a peer which sends more than the socket buffers hold before
+// it reads still gets its echo. (gVisor, unlike Linux, does not take the
+// acknowledgement from a data segment that meets a zero receive window;
+// an echo that stops reading while its own send waits for that
+// acknowledgement would wait forever.) A connection takes a buffer only
+// once data is there to read and gives it back once written: an idle one
+// holds none. Its first buffer is its own; the ones beyond it come from a
+// budget of EchoMemory bytes shared by the server's connections, at most
+// EchoConnMemory per connection, so that a few peers that send without
+// reading can neither make the server hold more than that nor take the
+// whole budget, and WriteTimeout closes them.
 func ServeEcho(l net.Listener) error {
-	return newEchoServer(echoServerMemory).serve(l)
+	return ServerConfig{}.ServeEcho(l)
+}
+
+// ServeEcho is the package's ServeEcho with c's bounds.
+func (c ServerConfig) ServeEcho(l net.Listener) error {
+	return newEchoServer(&c, statsOf(l)).serve(l)
 }
 
 const (
 	echoBufSize      = 64 << 10
-	echoBacklog      = 8 << 20
 	echoServerMemory = 256 << 20
 )
+
+var echoBufs = sync.Pool{New: func() any { return new([echoBufSize]byte) }}
 
 // echoServer is ServeEcho's state: budget holds a token for each buffer
 // its connections hold beyond their first.
 type echoServer struct {
+	cfg    ServerConfig
+	st     *serverStats
 	budget chan struct{}
+	share  int // buffers one connection may hold
 }
 
-func newEchoServer(memory int) *echoServer {
-	return &echoServer{budget: make(chan struct{}, memory/echoBufSize)}
+func newEchoServer(cfg *ServerConfig, st *serverStats) *echoServer {
+	return &echoServer{
+		cfg:    *cfg,
+		st:     st,
+		budget: make(chan struct{}, cfg.echoMemory()/echoBufSize),
+		share:  max(2, cfg.echoConnMemory()/echoBufSize),
+	}
 }
 
 func (e *echoServer) serve(l net.Listener) error {
-	return serve(l, maxServerConns, e.echo)
+	return serve(l, &e.cfg, e.st, e.echo)
 }
 
-// echo copies c to itself: a reader goroutine fills buffers, this one
-// writes them back in order and returns them to free. Only the reader
-// allocates; the connection holds 1+extra buffers, each beyond the first
-// with a budget token. When nothing waits to be written this goroutine
-// drops free ones down to two (trim) before returning the one it wrote, so
-// an idle connection holds two buffers and the reader is never left
-// without.
-func (e *echoServer) echo(c net.Conn) {
-	free := make(chan []byte, echoBacklog/echoBufSize)
-	full := make(chan []byte, cap(free))
-	var extra atomic.Int32
-	free <- make([]byte, echoBufSize)
+// echoConn is one echo connection's share: held buffers, of which tokens
+// (held-1, or 0) carry a budget token, and of which free wait for the
+// reader while the writer is busy.
+type echoConn struct {
+	mu     sync.Mutex
+	held   int                  // +checklocks:mu
+	tokens int                  // +checklocks:mu
+	free   []*[echoBufSize]byte // +checklocks:mu
+	freed  chan struct{}
+}
+
+// echo copies c to itself: a reader goroutine takes a buffer once data is
+// there and fills it, this one writes the buffers back in order and
+// releases them.
+func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
+	r := newServerReader(c, &e.cfg, e.st, quit)
+	defer r.close()
+	ec := &echoConn{freed: make(chan struct{}, 1)}
+	full := make(chan echoChunk, e.share)
 	go func() {
 		defer close(full)
 		for {
-			buf := e.take(free, &extra)
-			m, err := c.Read(buf[:cap(buf)])
+			if err := r.wait(); err != nil {
+				return
+			}
+			buf := e.take(ec, r)
+			if buf == nil {
+				return
+			}
+			m, err := r.read(buf[:])
 			if m > 0 {
-				full <- buf[:m]
+				full <- echoChunk{buf, m}
 			} else {
-				free <- buf
+				e.release(ec, buf, false)
 			}
 			if err != nil {
 				return
 			}
 		}
 	}()
+	wt := e.cfg.writeTimeout()
 	failed := false
-	for buf := range full {
+	for ch := range full {
 		if !failed {
-			if _, err := c.Write(buf); err != nil {
+			if wt > 0 {
+				c.SetWriteDeadline(time.Now().Add(wt))
+			}
+			if _, err := c.Write(ch.buf[:ch.n]); err != nil {
 				failed = true
-				c.Close() // stops the reader
+				if isTimeoutErr(err) {
+					e.st.writeTimeouts.Add(1)
+				}
+				r.abort() // stops the reader
+				c.Close()
 			}
 		}
-		if len(full) == 0 {
-			// Drained: give back the spare buffers, keeping buf so that
-			// the reader always finds one.
-			e.trim(free, &extra)
-		}
-		free <- buf
-	}
-	// The reader has finished: give back what the connection still holds.
-	for range extra.Load() {
-		<-e.budget
+		e.release(ec, ch.buf, len(full) > 0)
 	}
 }
 
-// trim drops free buffers of the connection, with their budget tokens,
-// until it holds two (the reader's and the writer's: a reader and a writer
-// that keep pace pass two buffers back and forth without allocating). The
-// reader may take from free meanwhile: trim never waits.
-func (e *echoServer) trim(free chan []byte, extra *atomic.Int32) {
-	for extra.Load() > 1 {
+// echoChunk is a filled buffer on its way to the writer.
+type echoChunk struct {
+	buf *[echoBufSize]byte
+	n   int
+}
+
+// take returns a buffer for ec's reader: its first without a token, one
+// more with a budget token while it holds fewer than its share and the
+// budget has room; else it waits for the writer to release one. It returns
+// nil if the reader was stopped meanwhile.
+func (e *echoServer) take(ec *echoConn, r *serverReader) *[echoBufSize]byte {
+	for {
+		ec.mu.Lock()
+		if n := len(ec.free); n > 0 {
+			buf := ec.free[n-1]
+			ec.free = ec.free[:n-1]
+			ec.mu.Unlock()
+			return buf
+		}
+		ok := ec.held == 0
+		if !ok && ec.held < e.share {
+			select {
+			case e.budget <- struct{}{}:
+				ec.tokens++
+				ok = true
+			default:
+			}
+		}
+		if ok {
+			ec.held++
+		}
+		ec.mu.Unlock()
+		if ok {
+			e.st.bufBytes.Add(echoBufSize)
+			return echoBufs.Get().(*[echoBufSize]byte)
+		}
 		select {
-		case <-free:
-			extra.Add(-1)
-			<-e.budget
-		default:
-			return
+		case <-ec.freed:
+		case <-r.stop:
+			return nil
+		case <-r.quit:
+			return nil
 		}
 	}
 }
 
-// take returns a free buffer of the connection, a new one if the
-// connection holds fewer than its backlog and the server's budget has
-// room, or else waits for the writer to free one.
-func (e *echoServer) take(free chan []byte, extra *atomic.Int32) []byte {
+// release gives buf back. While busy (more is waiting to be written) the
+// connection keeps it for its reader, token and all, as a socket keeps
+// its memory while it has data queued; otherwise it gives it and every
+// buffer its reader did not take back, with their budget tokens, so that
+// an idle connection holds none. It wakes a waiting take.
+func (e *echoServer) release(ec *echoConn, buf *[echoBufSize]byte, busy bool) {
+	ec.mu.Lock()
+	if busy {
+		ec.free = append(ec.free, buf)
+		ec.mu.Unlock()
+	} else {
+		n := 1 + len(ec.free)
+		ec.held -= n
+		for ec.tokens > max(0, ec.held-1) {
+			ec.tokens--
+			<-e.budget
+		}
+		for _, b := range ec.free {
+			echoBufs.Put(b)
+		}
+		ec.free = ec.free[:0]
+		ec.mu.Unlock()
+		e.st.bufBytes.Add(-int64(n) * echoBufSize)
+		echoBufs.Put(buf)
+	}
 	select {
-	case buf := <-free:
-		return buf
+	case ec.freed <- struct{}{}:
 	default:
 	}
-	if int(extra.Load())+1 < cap(free) {
-		select {
-		case e.budget <- struct{}{}:
-			extra.Add(1)
-			return make([]byte, echoBufSize)
-		default:
-		}
-	}
-	return <-free
 }
 
-// maxServerConns bounds the connections a built-in server handles at
-// once; one more is closed as soon as it is accepted (counted in
-// server_conns_refused when l is a Stack's). With it, what a server holds
-// in buffers is bounded whatever a peer opens: serverBufSize per
-// connection for discard, echoBufSize per connection plus
-// echoServerMemory for echo.
+// maxServerConns is ServerConfig.MaxConns's default. With it, what a
+// server holds in buffers is bounded whatever a peer opens: a read buffer
+// per running reader for discard, echoBufSize per connection with data
+// plus EchoMemory for echo.
 const maxServerConns = 4096
 
-func serve(l net.Listener, maxConns int, handle func(net.Conn)) error {
+// serve accepts connections on l and runs handle on each, within cfg's
+// connection limits, until l is closed. handle gets quit, closed when the
+// server shuts down (each connection is also closed then).
+func serve(l net.Listener, cfg *ServerConfig, st *serverStats, handle func(c net.Conn, quit <-chan struct{})) error {
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns = map[net.Conn]struct{}{}
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		conns     = map[net.Conn]struct{}{}
+		perSource = map[netip.Addr]int{}
+		quit      = make(chan struct{})
 	)
-	refused := func() {}
-	if tl, ok := l.(*tcpListener); ok {
-		refused = func() { tl.s.connsRefused.Add(1) }
-	}
+	maxConns, maxPerSource := cfg.maxConns(), cfg.maxPerSource()
 	defer func() {
+		close(quit)
 		mu.Lock()
 		for c := range conns {
 			c.Close()
@@ -221,27 +567,52 @@ func serve(l net.Listener, maxConns int, handle func(net.Conn)) error {
 			}
 			return err
 		}
+		src := sourceOf(c)
 		mu.Lock()
 		full := len(conns) >= maxConns
-		if !full {
+		srcFull := !full && src.IsValid() && perSource[src] >= maxPerSource
+		if !full && !srcFull {
 			conns[c] = struct{}{}
+			if src.IsValid() {
+				perSource[src]++
+			}
 		}
 		mu.Unlock()
-		if full {
+		if full || srcFull {
 			c.Close()
-			refused()
+			if full {
+				st.connsRefused.Add(1)
+			} else {
+				st.sourceRefused.Add(1)
+			}
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			handle(c)
-			c.Close()
+			handle(c, quit)
+			// The slot is free before the peer sees the close, so that
+			// it can connect again at once.
 			mu.Lock()
 			delete(conns, c)
+			if src.IsValid() {
+				if perSource[src]--; perSource[src] == 0 {
+					delete(perSource, src)
+				}
+			}
 			mu.Unlock()
+			c.Close()
 		}()
 	}
+}
+
+// sourceOf returns the address c comes from (unmapped), or the zero Addr
+// if it is not a TCP address.
+func sourceOf(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 // ServeUDPDiscard reads datagrams from c until it is closed, counting

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -112,9 +111,8 @@ type Stack struct {
 	ip    *gstack.Stack
 	close sync.Once
 	views viewTotals
-	// connsRefused counts the connections the built-in servers closed at
-	// once for being over maxServerConns.
-	connsRefused atomic.Uint64
+	// servers are the built-in servers' counters (servers.go).
+	servers serverStats
 }
 
 // New builds and starts a stack on cfg.Wire. On error the wire is closed.
@@ -528,5 +526,5 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("icmp_echo_requests", st.ICMP.V4.PacketsReceived.EchoRequest.Value()+st.ICMP.V6.PacketsReceived.EchoRequest.Value())
 	fn("arp_requests_received", st.ARP.RequestsReceived.Value())
 	fn("ndp_neighbor_solicits", st.ICMP.V6.PacketsReceived.NeighborSolicit.Value())
-	fn("server_conns_refused", s.connsRefused.Load())
+	s.servers.each(fn)
 }

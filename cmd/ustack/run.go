@@ -39,6 +39,8 @@ func runCmd(args []string) error {
 		metrics = fs.String("metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)")
 	)
 	pol.register(fs)
+	var srvFlags serverFlags
+	srvFlags.register(fs)
 	fs.Var(&addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -53,6 +55,10 @@ func runCmd(args []string) error {
 		return usageError{fmt.Errorf("-stats %v: want a positive duration", *stats)}
 	}
 	cfg, err := pol.stackConfig()
+	if err != nil {
+		return usageError{err}
+	}
+	srvCfg, iperf3Cfg, err := srvFlags.config()
 	if err != nil {
 		return usageError{err}
 	}
@@ -136,15 +142,16 @@ func runCmd(args []string) error {
 		}
 		closers = append(closers, l, u)
 		if sv.echo {
-			start(func() error { return stack.ServeEcho(l) })
+			start(func() error { return srvCfg.ServeEcho(l) })
 			start(func() error { return stack.ServeUDPEcho(u) })
 		} else {
-			start(func() error { return pol.discard()(l, nil) })
+			start(func() error { return pol.discardWith(srvCfg)(l, nil) })
 			start(func() error { return stack.ServeUDPDiscard(u, nil, nil) })
 		}
 	}
 	if iport.IsValid() {
-		srv, err := s.ListenIPerf3(iport, stack.IPerf3Config{OnTest: logIPerf3})
+		iperf3Cfg.OnTest = logIPerf3
+		srv, err := s.ListenIPerf3(iport, iperf3Cfg)
 		if err != nil {
 			for _, c := range closers {
 				c.Close()
