@@ -269,8 +269,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	cqe.DataOffset = uint32(s.off)
 	cqe.NFrags = 0
 	s.resv.write(cqe, s.off, payload)
-	n.ringUsed += uint64(len(payload))
-	cqe.RingEnd = n.ringUsed
+	n.charge(len(payload))
 	s.off += len(payload)
 	s.nextSeq = seq + uint32(len(payload))
 	d.shampo.resvUsed.Add(uint64(len(payload)))
@@ -291,8 +290,11 @@ func (n *nicState) closeSession() {
 		return
 	}
 	s.open = false
-	if s.off < s.resv.size {
-		n.ringUsed += uint64(s.resv.size - s.off) // the reservation's unused end
+	if s.off > 0 && s.off < s.resv.size {
+		// The reservation's unused end: its pages stay held by the
+		// session's payloads. A reservation no payload went into (its
+		// first frame dropped) holds nothing.
+		n.chargeTail(s.resv.size - s.off)
 	}
 	s.resv.release(n.d.pool)
 }
