@@ -142,7 +142,8 @@ type Config struct {
 	// RQSize is the receive queue's depth in WQEs (ethtool -G rx): the
 	// ring memory the NIC model may fill before the poll loop has taken
 	// the completions out of it, RQSize times WQEBytes with the striding
-	// RQ, RQSize frames with the cyclic one or PagePerFrame (default
+	// RQ, RQSize frames with the cyclic one or PagePerFrame, each WQE in
+	// the whole pages it takes (a 1518-byte buffer holds a page) (default
 	// DefaultRQSizeStriding, or RingSize for a WQE per frame; at least
 	// 2, so that a frame always fits beside an unused WQE tail). When it is
 	// full the NIC model stalls (rx_rq_stalls) until the poll loop
