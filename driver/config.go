@@ -98,6 +98,10 @@ const (
 	// maxLROFrame is the largest frame LRO hands up: an IP packet of 64 KB
 	// behind an Ethernet header and a VLAN tag.
 	maxLROFrame = 65535 + 14 + 4
+	// maxHWGRORing is the largest ring hardware GRO can run with: one
+	// header buffer entry per CQE, named by the CQE's 16-bit header
+	// index (CQE.HeaderIndex, mlx5_cqe64's shampo.header_entry_index).
+	maxHWGRORing = 1 << 16
 )
 
 // Config configures a Driver. The zero value of each field selects its
@@ -138,7 +142,8 @@ type Config struct {
 	// RQSize is the receive queue's depth in WQEs (ethtool -G rx): the
 	// ring memory the NIC model may fill before the poll loop has taken
 	// the completions out of it, RQSize times WQEBytes with the striding
-	// RQ, RQSize frames with the cyclic one or PagePerFrame (default
+	// RQ, RQSize frames with the cyclic one or PagePerFrame, each WQE in
+	// the whole pages it takes (a 1518-byte buffer holds a page) (default
 	// DefaultRQSizeStriding, or RingSize for a WQE per frame; at least
 	// 2, so that a frame always fits beside an unused WQE tail). When it is
 	// full the NIC model stalls (rx_rq_stalls) until the poll loop
@@ -243,6 +248,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HWGRO != HWGROOff && c.LRO {
 		return fmt.Errorf("hw-gro and lro: the hardware does one or the other")
+	}
+	if c.HWGRO != HWGROOff && c.RingSize > maxHWGRORing {
+		return fmt.Errorf("hw-gro with ring size %d: a CQE's header index is 16 bits (mlx5's header_entry_index), want a ring of at most %d", c.RingSize, maxHWGRORing)
 	}
 	if err := c.Tunnel.validate(); err != nil {
 		return err

@@ -39,14 +39,12 @@ type Driver struct {
 
 	// Completion queue: written by the NIC goroutine at prod, read by the
 	// poll loop at cons. Slots between cons and prod belong to the poll loop.
-	cq   []CQE
-	mask uint32
-	prod atomic.Uint32
-	cons atomic.Uint32
-	// ringFreed is the RingEnd of the last CQE the poll loop consumed.
-	ringFreed atomic.Uint64
-	irq       chan struct{} // NIC -> poll loop: work posted while it slept
-	space     chan struct{} // poll loop -> NIC: CQEs consumed while it waited
+	cq    []CQE
+	mask  uint32
+	prod  atomic.Uint32
+	cons  atomic.Uint32
+	irq   chan struct{} // NIC -> poll loop: work posted while it slept
+	space chan struct{} // poll loop -> NIC: CQEs consumed while it waited
 
 	pollSleeping atomic.Bool
 	nicWaiting   atomic.Bool
@@ -67,6 +65,7 @@ type Driver struct {
 	startOnce sync.Once
 	closeOnce sync.Once
 	stop      chan struct{}
+	closing   chan struct{} // closed when Close begins: the NIC model stops waiting
 	nicDone   chan struct{}
 	pollDone  chan struct{}
 	nicErr    error // set before nicDone is closed (wireFailed)
@@ -88,6 +87,7 @@ func New(wire Wire, cfg Config) (*Driver, error) {
 		irq:      make(chan struct{}, 1),
 		space:    make(chan struct{}, 1),
 		stop:     make(chan struct{}),
+		closing:  make(chan struct{}),
 		nicDone:  make(chan struct{}),
 		pollDone: make(chan struct{}),
 		txBuf:    make([]byte, VirtioNetHdrLen+maxLROFrame),
@@ -126,6 +126,7 @@ func (d *Driver) Start(h Handler) {
 func (d *Driver) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
+		close(d.closing)
 		err = d.wire.Close()
 		started := d.handler != nil
 		if !started {

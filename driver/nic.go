@@ -29,11 +29,20 @@ type nicState struct {
 	sess session // hardware GRO
 	now  int64   // arrival time of the current read (hardware GRO only)
 
-	// The RQ's depth: ringUsed counts the ring bytes the NIC has used
-	// (CQE.RingEnd); it may run ahead of the poll loop's d.ringFreed by
-	// rqBytes.
+	// The RQ's accounting. ringUsed counts the ring bytes the NIC has
+	// charged to completions: a frame's strides (or a SHAMPO payload) to
+	// its CQE, and the page-rounded unused end of a WQE or reservation,
+	// when it is retired, to the last CQE written (at or after the last
+	// one using its pages). ends[i&endMask] is ringUsed as of CQE i, kept
+	// by the NIC alone: the bytes still outstanding are those charged to
+	// the CQEs the poll loop has not consumed (d.cons on), and they may
+	// reach rqBytes. Every byte charged is carried by a CQE, so when the
+	// poll loop has consumed them all nothing is outstanding and the NIC
+	// never waits: no tail can hold the RQ full with nothing to free it.
 	ringUsed uint64
 	rqBytes  uint64
+	ends     []uint64 // two entries per CQE slot: ends[cons-1] outlives its slot's reuse
+	endMask  uint32
 
 	prod      uint32 // next CQE to write; published to d.prod in batches
 	pending   int    // CQEs written since the last publish
@@ -76,8 +85,13 @@ func (n *nicState) init(d *Driver) {
 		// a fresh page.
 		n.wqeBytes = n.maxFrame
 	}
+	// The RQ holds wqes WQEs as the pool's pages really hold them: a
+	// WQE takes whole pages (a cyclic RQ's 1518-byte buffer a 4 KB page,
+	// or a 64 KB one), and the NIC charges whole pages (retire).
 	wqes, wqeBytes := d.cfg.RQDepth()
-	n.rqBytes = uint64(wqes) * uint64(wqeBytes)
+	n.rqBytes = uint64(wqes) * uint64(pageRound(wqeBytes, d.pool.PageBytes()))
+	n.ends = make([]uint64, 2*len(d.cq))
+	n.endMask = uint32(len(n.ends) - 1)
 	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
 	n.wqe.pages = make([]*bufpool.Page, 0, maxPages)
 	n.wqe.start = make([]int, 0, maxPages)
@@ -428,8 +442,7 @@ func (n *nicState) place(a, b []byte) bool {
 		n.wqe.write(cqe, off, a)
 		n.wqe.write(cqe, off+len(a), b)
 	}
-	n.ringUsed += uint64(cost)
-	cqe.RingEnd = n.ringUsed
+	n.charge(cost)
 	n.prod++
 	n.pending++
 	n.pendBytes += size
@@ -455,13 +468,48 @@ func (n *nicState) post() bool {
 
 // retire hands the current WQE's pages back to the pool: they wait in its
 // quarantine ring until the last packet using them is released (mlx4's
-// recycling, seed 001).
+// recycling, seed 001). The WQE's unused end is skipped (mlx5's filler
+// CQE) but its pages stay held by the frames in them: it is charged to the
+// last CQE written. A WQE no frame went into holds nothing.
 func (n *nicState) retire() {
-	if n.posted && n.off < n.wqe.size {
-		n.ringUsed += uint64(n.wqe.size - n.off) // skipped: used all the same
+	if n.posted && n.off > 0 && n.off < n.wqe.size {
+		n.chargeTail(n.wqe.size - n.off)
 	}
 	n.wqe.release(n.d.pool)
 	n.posted = false
+}
+
+// charge charges cost bytes to the CQE being written (at n.prod).
+func (n *nicState) charge(cost int) {
+	n.ringUsed += uint64(cost)
+	n.ends[n.prod&n.endMask] = n.ringUsed
+}
+
+// chargeTail charges the unused end of a retired WQE or reservation to the
+// last CQE written: the bytes are free again once the poll loop has
+// consumed it, and at once if it already has. The caller has written a
+// CQE into the buffer, so there is one.
+func (n *nicState) chargeTail(tail int) {
+	n.ringUsed += uint64(tail)
+	n.ends[(n.prod-1)&n.endMask] = n.ringUsed
+}
+
+// outstanding returns the ring bytes charged to CQEs the poll loop has not
+// consumed yet.
+func (n *nicState) outstanding() uint64 {
+	c := n.d.cons.Load()
+	if c == n.prod {
+		return 0
+	}
+	// CQE c-1's entry is still there: the NIC is at most len(cq) CQEs
+	// ahead of c, and ends has two entries per slot. Before the first
+	// CQE is consumed (c == 0) it is the zero the ring started with.
+	return n.ringUsed - n.ends[(c-1)&n.endMask]
+}
+
+// pageRound rounds b up to a whole number of pages of pageBytes.
+func pageRound(b, pageBytes int) int {
+	return (b + pageBytes - 1) / pageBytes * pageBytes
 }
 
 // due reports whether the CQEs written since the last publish are to be
@@ -490,11 +538,13 @@ func (n *nicState) publish() {
 }
 
 // waitRoom waits until the ring has room for a frame of cost bytes: a free
-// CQE, and the RQ not full (unless it is empty: a frame larger than the RQ
-// goes in alone). The hardware stalls (flow control) rather than overwrite
-// completions the driver has not read; the NIC model stalls, too, rather
-// than fill more of the ring than the RQ's depth, unless Config.RQDrop has
-// it drop the frame: then waitRoom reports false.
+// CQE, and the RQ not full (unless nothing is outstanding: a frame larger
+// than the RQ goes in alone). The hardware stalls (flow control) rather
+// than overwrite completions the driver has not read; the NIC model stalls,
+// too, rather than fill more of the ring than the RQ's depth, unless
+// Config.RQDrop has it drop the frame: then waitRoom reports false. It
+// waits only while the poll loop has completions to consume (and so will
+// signal d.space), and it reports false when Close begins.
 func (n *nicState) waitRoom(cost int) bool {
 	for {
 		cqFull := n.cqFull()
@@ -519,7 +569,12 @@ func (n *nicState) waitRoom(cost int) bool {
 		n.publish()
 		d.nicWaiting.Store(true)
 		if n.cqFull() || n.rqFull(cost) {
-			<-d.space
+			select {
+			case <-d.space:
+			case <-d.closing:
+				d.nicWaiting.Store(false)
+				return false
+			}
 		}
 		d.nicWaiting.Store(false)
 	}
@@ -528,6 +583,6 @@ func (n *nicState) waitRoom(cost int) bool {
 func (n *nicState) cqFull() bool { return n.prod-n.d.cons.Load() == uint32(len(n.d.cq)) }
 
 func (n *nicState) rqFull(cost int) bool {
-	out := n.ringUsed - n.d.ringFreed.Load()
+	out := n.outstanding()
 	return out > 0 && out+uint64(cost) > n.rqBytes
 }

@@ -51,11 +51,6 @@ type CQE struct {
 	DataOffset  uint32
 	NFrags      uint8
 	Frags       [maxCQEFrags]bufpool.Frag // the pages the frame spans; each holds a reference
-	// RingEnd is the NIC model's count of ring bytes used up to and
-	// including this frame (its strides, and the unused ends of the WQEs
-	// retired before it): once the poll loop has consumed the CQE, the
-	// NIC may fill that much again (Config.RQSize).
-	RingEnd uint64
 }
 
 // Packet is the bufpool packet the poll loop hands up: the headers (or a

@@ -105,9 +105,6 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	if done := d.shampoFlush(); done != nil {
 		d.handler.Deliver(done)
 	}
-	if n > 0 {
-		d.ringFreed.Store(d.cq[(cons+n-1)&d.mask].RingEnd)
-	}
 	cons += n
 	d.cons.Store(cons)
 	if d.nicWaiting.Load() {

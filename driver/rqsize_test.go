@@ -2,6 +2,7 @@ package driver
 
 import (
 	"bytes"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -177,6 +178,36 @@ func TestRQDrop(t *testing.T) {
 	}
 }
 
+// TestConfigHWGRORing: hardware GRO takes a ring up to what the CQE's
+// 16-bit header index names, and refuses a larger one with an error that
+// says why; without hardware GRO any power of two goes.
+func TestConfigHWGRORing(t *testing.T) {
+	for _, tc := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{HWGRO: HWGROOn, RingSize: 1 << 16}, true},
+		{Config{HWGRO: HWGROOn, RingSize: 1 << 17}, false},
+		{Config{HWGRO: HWGROCoalesce, RingSize: 1 << 17}, false},
+		{Config{RingSize: 1 << 17}, true},
+	} {
+		a, _ := NewMemPair(1, 64)
+		d, err := New(a, tc.cfg)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("New(hw-gro %v, ring %d): %v, want no error", tc.cfg.HWGRO, tc.cfg.RingSize, err)
+		case !tc.ok && err == nil:
+			t.Errorf("New(hw-gro %v, ring %d): no error, want one (16-bit header index)", tc.cfg.HWGRO, tc.cfg.RingSize)
+		case !tc.ok && !strings.Contains(err.Error(), "header index"):
+			t.Errorf("New(hw-gro %v, ring %d): error %q does not say why (header index)", tc.cfg.HWGRO, tc.cfg.RingSize, err)
+		}
+		if d != nil {
+			d.Close()
+		}
+		a.Close()
+	}
+}
+
 func TestRQDepth(t *testing.T) {
 	for _, tc := range []struct {
 		name           string
@@ -207,6 +238,10 @@ func TestConfigRejects(t *testing.T) {
 		{StrideSize: 32},
 		{LRO: true, HWGRO: HWGROOn},
 		{MTU: 40},
+		// A header index of 16 bits names no header entry past 65535:
+		// one flow's payload would be built under another's headers.
+		{HWGRO: HWGROOn, RingSize: 1 << 17, Budget: 64},
+		{HWGRO: HWGROCoalesce, RingSize: 1 << 20},
 	} {
 		a, _ := NewMemPair(1, 64)
 		if _, err := New(a, cfg); err == nil {

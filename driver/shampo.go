@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
@@ -196,11 +197,19 @@ func (s *pageSet) read(dst []byte, off int) {
 // session is the NIC's open SHAMPO session: one flow whose payloads are
 // being laid back to back into a reservation.
 type session struct {
-	open    bool
-	flow    [36]byte // addresses and ports
-	flowLen int
+	open bool
+	// The first frame's headers (hdrLen bytes; the IP header at l3, TCP
+	// at l4), which the packet the driver builds carries, and what a
+	// frame must agree with to join (sameHeaders).
+	hdr     [shampoHeaderEntry]byte
+	hdrLen  int
+	l3, l4  int
+	v6      bool
+	id      uint16 // the first frame's IPv4 ID
+	fixedID bool   // the IPv4 IDs stay fixed (DF), decided by the second frame
+	segs    int    // frames in the session
+	mss     int    // the first frame's payload: no later one may be longer
 	nextSeq uint32
-	ack     uint32
 	last    int64 // when the session's last frame arrived
 	resv    pageSet
 	off     int
@@ -211,33 +220,36 @@ type session struct {
 // posts a CQE whose Match bit says whether it continues the session. It
 // reports false if the frame is not one SHAMPO takes (the caller places it
 // whole).
+//
+// The session match is the software GRO's (gro.mergeTCP, from the kernel's
+// tcp_gro_receive and inet_gro_flush / ipv6_gro_flush): a frame joins only
+// if its headers agree with the session's first frame (sameHeaders), its
+// sequence number continues the session, its payload is no longer than
+// the first one's, and it does not carry CWR; so the headers the driver
+// builds the packet with (mlx5e_shampo_update_hdr: the first frame's,
+// lengths fixed) describe every merged frame. A frame with flags that end
+// a train (URG, PSH, RST, SYN, FIN), a payload shorter than the first, or
+// headers software GRO never merges (IPv4 options, IPv6 extension headers)
+// ends its session once placed.
 func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	d := n.d
 	if len(hdr) > shampoHeaderEntry || len(payload) == 0 || fi.Fragment || fi.L4 != L4TCP || len(payload) > d.cfg.Reservation {
 		return false
 	}
-	l4 := fi.L2Len + fi.L3Len
+	l3, l4 := fi.L2Len, fi.L2Len+fi.L3Len
 	if len(hdr) < l4+20 {
 		return false
 	}
 	tcp := hdr[l4:]
-	seq, ack, flags := binary.BigEndian.Uint32(tcp[4:]), binary.BigEndian.Uint32(tcp[8:]), tcp[13]
+	seq, flags := binary.BigEndian.Uint32(tcp[4:]), tcp[13]
 	s := &n.sess
-	var flow [36]byte
-	fl := 0
-	if fi.L3 == L3IPv4 {
-		fl = copy(flow[:], hdr[fi.L2Len+12:fi.L2Len+20])
-	} else {
-		fl = copy(flow[:], hdr[fi.L2Len+8:fi.L2Len+40])
-	}
-	fl += copy(flow[fl:], tcp[:4])
 	now := n.now
 	// A session ends before its packet's IP length would pass 65535 (the
-	// driver's max LRO size; a 64 KB reservation holds a few bytes more).
-	fits := s.off+len(payload) <= s.resv.size && len(hdr)-fi.L2Len+s.off+len(payload) <= 0xffff
-	match := s.open && fl == s.flowLen && flow == s.flow && seq == s.nextSeq && ack == s.ack &&
-		fits && now-s.last < int64(d.cfg.HWGROTimeout) &&
-		flags&(tcpFlagSYN|tcpFlagRST|tcpFlagURG) == 0
+	// driver's max LRO size; a 64 KB reservation holds a few bytes more):
+	// the packet carries the first frame's headers, s.hdrLen bytes.
+	fits := s.off+len(payload) <= s.resv.size && s.hdrLen-s.l3+s.off+len(payload) <= 0xffff
+	match := s.open && seq == s.nextSeq && fits && now-s.last < int64(d.cfg.HWGROTimeout) &&
+		len(payload) <= s.mss && flags&tcpFlagCWR == 0 && n.sameHeaders(hdr, fi)
 	if !match {
 		d.shampo.starts.Add(1)
 		n.closeSession()
@@ -246,7 +258,13 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 			return true
 		}
 		d.shampo.resvBytes.Add(uint64(s.resv.size))
-		s.open, s.flow, s.flowLen, s.ack, s.off = true, flow, fl, ack, 0
+		s.open, s.off, s.segs = true, 0, 0
+		s.hdrLen = copy(s.hdr[:], hdr)
+		s.l3, s.l4, s.v6 = l3, l4, fi.L3 == L3IPv6
+		s.mss, s.fixedID = len(payload), false
+		if !s.v6 {
+			s.id = binary.BigEndian.Uint16(hdr[l3+4:])
+		}
 	}
 	s.last = now
 	if !n.waitRoom(len(payload)) {
@@ -264,23 +282,89 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	cqe.GSOSize = 0
 	cqe.HWGRO = true
 	cqe.Match = match
-	cqe.HeaderIndex = uint16(hi)
+	cqe.HeaderIndex = uint16(hi) // Config allows no ring past 16 bits (maxHWGRORing)
 	cqe.HeaderSize = uint16(len(hdr))
 	cqe.DataOffset = uint32(s.off)
 	cqe.NFrags = 0
 	s.resv.write(cqe, s.off, payload)
-	n.ringUsed += uint64(len(payload))
-	cqe.RingEnd = n.ringUsed
+	n.charge(len(payload))
 	s.off += len(payload)
+	s.segs++
 	s.nextSeq = seq + uint32(len(payload))
 	d.shampo.resvUsed.Add(uint64(len(payload)))
 	n.prod++
 	n.pending++
 	n.pendBytes += len(hdr) + len(payload)
-	if flags&(tcpFlagPSH|tcpFlagFIN) != 0 || s.off == s.resv.size {
-		n.closeSession() // PSH/FIN end a session in hardware too
+	// tcp_gro_receive's out_check_final: these flags, or a segment shorter
+	// than the MSS, end the train; so do headers GRO never merges, and a
+	// full reservation.
+	alone := !s.v6 && s.l4-s.l3 != ipv4MinHdrLen || s.v6 && s.l4-s.l3 != ipv6HdrLen
+	if flags&(tcpFlagURG|tcpFlagPSH|tcpFlagRST|tcpFlagSYN|tcpFlagFIN) != 0 || len(payload) < s.mss || alone || s.off == s.resv.size {
+		n.closeSession()
 	}
 	return true
+}
+
+// sameHeaders reports whether a frame's headers (hdr, parsed into fi) let
+// it join the open session: the rules of gro.mergeTCP and gro.sameNet,
+// which are the kernel's.
+//
+//   - Ethernet: the same header (compare_ether_header).
+//   - IPv4 (inet_gro_receive, inet_gro_flush): no options, the same TOS
+//     (ECN bits included: a CE mark starts a new packet), TTL, protocol,
+//     addresses and DF, no other fragment bits, and an ID that goes up by
+//     one per frame or, with DF, stays fixed as the second frame decides.
+//     Total length and checksum may differ.
+//   - IPv6 (ipv6_gro_receive, ipv6_gro_flush): no extension headers, the
+//     same traffic class, flow label, next header, hop limit and
+//     addresses. Payload length may differ.
+//   - TCP (tcp_gro_receive): the same ports, ACK number, data offset,
+//     window and flags but for CWR, FIN and PSH (tcp_flag_word), and the
+//     same options byte for byte (a new timestamp starts a new packet, so
+//     none is lost). Sequence number, checksum and urgent pointer may
+//     differ; the caller checks the sequence.
+//
+// It records the IPv4 ID pattern when the second frame decides it.
+func (n *nicState) sameHeaders(hdr []byte, fi *FrameInfo) bool {
+	s := &n.sess
+	l3, l4 := fi.L2Len, fi.L2Len+fi.L3Len
+	if len(hdr) != s.hdrLen || l3 != s.l3 || l4 != s.l4 || (fi.L3 == L3IPv6) != s.v6 {
+		return false
+	}
+	h := s.hdr[:s.hdrLen]
+	if !bytes.Equal(hdr[:l3], h[:l3]) {
+		return false
+	}
+	ip, hip := hdr[l3:l4], h[l3:l4]
+	if s.v6 {
+		// Version, traffic class, flow label; next header, hop limit,
+		// addresses.
+		if len(ip) != ipv6HdrLen || !bytes.Equal(ip[:4], hip[:4]) || !bytes.Equal(ip[6:], hip[6:]) {
+			return false
+		}
+	} else {
+		// Version and IHL, TOS; flags and fragment offset, TTL,
+		// protocol; addresses.
+		const df = 0x40
+		if len(ip) != ipv4MinHdrLen || !bytes.Equal(ip[:2], hip[:2]) || !bytes.Equal(ip[6:10], hip[6:10]) ||
+			!bytes.Equal(ip[12:], hip[12:]) || ip[6]&^df != 0 || ip[7] != 0 {
+			return false
+		}
+		off := binary.BigEndian.Uint16(ip[4:]) - s.id
+		fixed := s.fixedID
+		if s.segs == 1 && ip[6]&df != 0 && off == 0 {
+			fixed = true
+		}
+		if fixed && off != 0 || !fixed && off != uint16(s.segs) {
+			return false
+		}
+		s.fixedID = fixed
+	}
+	tcp, htcp := hdr[l4:], h[l4:]
+	const mergeable = tcpFlagCWR | tcpFlagFIN | tcpFlagPSH
+	return bytes.Equal(tcp[:4], htcp[:4]) && bytes.Equal(tcp[8:13], htcp[8:13]) && // ports; ACK number, data offset
+		(tcp[13]^htcp[13])&^mergeable == 0 && bytes.Equal(tcp[14:16], htcp[14:16]) && // flags; window
+		bytes.Equal(tcp[20:], htcp[20:]) // options
 }
 
 // closeSession ends the open session and hands its reservation's pages
@@ -291,8 +375,11 @@ func (n *nicState) closeSession() {
 		return
 	}
 	s.open = false
-	if s.off < s.resv.size {
-		n.ringUsed += uint64(s.resv.size - s.off) // the reservation's unused end
+	if s.off > 0 && s.off < s.resv.size {
+		// The reservation's unused end: its pages stay held by the
+		// session's payloads. A reservation no payload went into (its
+		// first frame dropped) holds nothing.
+		n.chargeTail(s.resv.size - s.off)
 	}
 	s.resv.release(n.d.pool)
 }
@@ -338,7 +425,9 @@ func (d *Driver) shampoAdd(cqe *CQE) *bufpool.Packet {
 	}
 	p := b.pkt
 	p.Segs++
-	b.flags |= d.headers[int(cqe.HeaderIndex)*shampoHeaderEntry+b.l4+13] & (tcpFlagPSH | tcpFlagFIN)
+	// mlx5e_shampo_update_fin_psh_flags: PSH and FIN of every frame go
+	// into the packet's header, read at the frame's own TCP offset.
+	b.flags |= d.headers[int(cqe.HeaderIndex)*shampoHeaderEntry+cqe.Info.L2Len+cqe.Info.L3Len+13] & (tcpFlagPSH | tcpFlagFIN)
 	coalesce := d.cfg.HWGRO == HWGROCoalesce
 	for i := 0; i < int(cqe.NFrags); i++ {
 		f := cqe.Frags[i]

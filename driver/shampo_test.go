@@ -95,7 +95,8 @@ func TestHWGROSession(t *testing.T) {
 // intact.
 func TestHWGROSessionBreaks(t *testing.T) {
 	mk := func(sport uint16, seq uint32, n int, flags header.TCPFlags) []byte {
-		spec := pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: flags, seq: seq, ack: 1, payload: pkPayload(n), csum: pkCsumPartial}
+		// The IP ID goes up by one per segment, as a sender's does.
+		spec := pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: flags, seq: seq, ack: 1, payload: pkPayload(n), csum: pkCsumPartial, ipID: uint16(seq / 1000)}
 		f := spec.build()
 		// The partial checksum leaves the ports out: changing one is fine.
 		header.TCP(f[14+20:]).SetSourcePort(sport)
