@@ -479,6 +479,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 			s.ep.lend.each(fn)
 		}
 		s.views.each(fn)
+		s.ep.zw.each(fn)
 		if s.ep.xdp != nil {
 			s.ep.xdpStats.each(fn)
 			s.ep.eachXSK(fn)
