@@ -22,7 +22,9 @@ import (
 // such a segment before its sender sees the ACK (Linux's tcp_sequence takes
 // it); the link endpoint hands gVisor the ACK first (zerowindow.go). Without
 // that the transfer stalls in RTO backoff. The echo must come back
-// byte-exact; a stall fails it after stallTimeout without progress.
+// byte-exact; a stall fails it after stallTimeout without progress. The
+// last case is the check: stack.ServeEcho in the configuration
+// where it stalled once in eleven runs, with a client that reads at once.
 func TestTCPCopyEcho(t *testing.T) {
 	needRoot(t)
 	const n = 64 << 20
@@ -31,14 +33,16 @@ func TestTCPCopyEcho(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, tc := range []struct {
-		name string
-		v6   bool
-		cfg  stack.Config
+		name  string
+		v6    bool
+		cfg   stack.Config
+		serve bool // stack.ServeEcho and a fast reader instead
 	}{
-		{"ipv4/lro-on", false, stack.Config{Driver: driver.Config{LRO: true}}},
-		{"ipv6/lro-off", true, stack.Config{}},
+		{"ipv4/lro-on", false, stack.Config{Driver: driver.Config{LRO: true}}, false},
+		{"ipv6/lro-off", true, stack.Config{}, false},
 		// The configuration: -lro off -xdp hash -cpumap 0,1 -cpumap-gro off.
-		{"ipv4/cpumap", false, stack.Config{XDP: hash, CPUMap: []int{0, 1}, NoCPUMapGRO: true}},
+		{"ipv4/cpumap", false, stack.Config{XDP: hash, CPUMap: []int{0, 1}, NoCPUMapGRO: true}, false},
+		{"ipv4/cpumap/ServeEcho", false, stack.Config{XDP: hash, CPUMap: []int{0, 1}, NoCPUMapGRO: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRigConfig(t, fmt.Sprintf("usit-zw%d", i), 1500, tc.cfg)
@@ -48,16 +52,20 @@ func TestTCPCopyEcho(t *testing.T) {
 				t.Fatal(err)
 			}
 			served := make(chan error, 1)
-			go func() {
-				c, err := l.Accept()
-				if err != nil {
+			if tc.serve {
+				go func() { served <- stack.ServeEcho(l) }()
+			} else {
+				go func() {
+					c, err := l.Accept()
+					if err != nil {
+						served <- err
+						return
+					}
+					defer c.Close()
+					_, err = io.Copy(c, c)
 					served <- err
-					return
-				}
-				defer c.Close()
-				_, err = io.Copy(c, c)
-				served <- err
-			}()
+				}()
+			}
 			defer func() {
 				l.Close()
 				if err := <-served; err != nil && !errTimeout(err) {
@@ -76,7 +84,11 @@ func TestTCPCopyEcho(t *testing.T) {
 			c.SetDeadline(deadline)
 			pc := progressConn{c, deadline}
 			res := make(chan hashResult, 1)
-			go func() { res <- recvHashed(io.LimitReader(&slowReader{r: pc}, n)) }()
+			var rd io.Reader = &slowReader{r: pc}
+			if tc.serve {
+				rd = pc
+			}
+			go func() { res <- recvHashed(io.LimitReader(rd, n)) }()
 			want, err := sendHashed(pc, n, writeSize, uint64(300+i))
 			if err != nil {
 				diagnose(t, r)

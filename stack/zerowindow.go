@@ -10,26 +10,31 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 )
 
-// zeroWindow lets gVisor take the acknowledgement of a data segment that
-// meets ustack's closed (or too small) receive window, as Linux does.
+// zeroWindow lets gVisor take the acknowledgement of a segment that meets
+// ustack's closed (or too small) receive window, as Linux does.
 //
 // gVisor's receiver (rcv.go handleRcvdSegment) drops a segment that
-// header.Acceptable rejects before the sender sees its ACK field: at a zero
-// window every segment with data is rejected, and with it the ACK and
-// window update it carries. Linux's tcp_sequence only rejects a segment
-// that starts past the right edge or ends before rcv_wup; at a zero window
-// a data segment at rcv_nxt passes, tcp_ack takes its ACK and
-// tcp_data_queue drops the data (TCPZeroWindowDrop). A connection that
-// sends while it does not read (io.Copy(c, c) with a peer doing the same)
-// loses every ACK the peer piggybacks and waits for RTOs in backoff.
+// header.Acceptable rejects before the sender sees its ACK field, and it
+// judges by the window of the last segment it sent (rcvWnd, rounded down
+// to the window scale) from rcv_nxt: at a zero window every segment with
+// data is rejected, and so is a pure ACK whose sequence number is past
+// rcv_nxt, even inside the right edge ustack advertised before (a window
+// of 488 bytes goes out as 0 at scale 10, and the peer's 488 bytes into
+// it are then out of window). Linux's tcp_sequence only rejects a segment
+// that starts past the right edge it advertised (never shrunk, rounded up
+// to the scale) or ends before rcv_wup; tcp_ack then takes its ACK and
+// tcp_data_queue drops data that does not fit (TCPZeroWindowDrop). A
+// connection that sends while it does not read (io.Copy(c, c) with a peer
+// doing the same) lost every ACK the peer sent and waited for RTOs in
+// backoff.
 //
 // The link endpoint sees every segment gVisor sends, so it records per
-// flow the window and the ACK (rcv_nxt) ustack last advertised; an incoming
-// segment that Linux would accept and gVisor would not, by that record, is
-// preceded by a synthetic pure ACK carrying the same ACK, window and
-// options at sequence number rcv_nxt, which gVisor accepts. The data
-// segment follows unchanged (gVisor drops it and answers with an ACK, as
-// Linux would).
+// flow the window and the ACK (rcv_nxt) ustack last advertised and the
+// furthest right edge it advertised; an incoming segment that Linux would
+// accept and gVisor would not, by that record, is preceded by a synthetic
+// pure ACK carrying the same ACK, window and options at sequence number
+// rcv_nxt, which gVisor accepts. The segment follows unchanged (gVisor
+// drops it and answers with an ACK, as Linux would for data).
 //
 // The record is a direct-mapped table of flows, written by the transmit
 // path (under the link endpoint's txMu: one writer at a time) and read
@@ -47,12 +52,12 @@ type zeroWindow struct {
 const zwSlots = 1 << 12
 
 // zwSlot is one flow: key is the flow's hash (0: empty), state packs what
-// ustack last advertised (see zwState). A reader checks key before and
-// after reading state, and the writer clears key while it replaces a
-// slot's flow, so that a reader never pairs one flow's key with another's
-// state.
+// ustack last advertised (see zwState), edge the furthest right edge it
+// advertised. A reader checks key before and after reading state and
+// edge, and the writer clears key while it replaces a slot's flow, so
+// that a reader never pairs one flow's key with another's state.
 type zwSlot struct {
-	key, state atomic.Uint64
+	key, state, edge atomic.Uint64
 }
 
 // zwState layout: ack (rcv_nxt) in bits 0-31, the raw window field in bits
@@ -178,13 +183,22 @@ func (z *zeroWindow) sent(nh, th []byte) {
 	case old != 0 && wnd != 0:
 		return // another flow's slot; this one's window is open
 	}
+	// A SYN's window is never scaled (RFC 7323 section 2.2).
+	edge := seqnum.Value(t.AckNumber()).Add(seqnum.Size(wnd))
+	if !flags.Contains(header.TCPFlagSyn) {
+		edge = seqnum.Value(t.AckNumber()).Add(seqnum.Size(wnd) << ((st >> zwScaleShift) & 0xf))
+	}
 	if old != key {
 		slot.key.Store(0)
 		slot.state.Store(st)
+		slot.edge.Store(uint64(edge))
 		slot.key.Store(key)
 		return
 	}
 	slot.state.Store(st)
+	if seqnum.Value(uint32(slot.edge.Load())).LessThan(edge) {
+		slot.edge.Store(uint64(edge))
+	}
 }
 
 // ackFirst reports whether frame b, a received Ethernet frame whose
@@ -194,7 +208,7 @@ func (z *zeroWindow) sent(nh, th []byte) {
 // allocates only then.
 func (z *zeroWindow) ackFirst(b []byte) (buffer.Buffer, bool) {
 	ip, tcp, tcpLen, segLen, ok := tcpHeaders(b)
-	if !ok || segLen == 0 {
+	if !ok {
 		return buffer.Buffer{}, false
 	}
 	t := header.TCP(b[tcp:])
@@ -208,6 +222,7 @@ func (z *zeroWindow) ackFirst(b []byte) (buffer.Buffer, bool) {
 		return buffer.Buffer{}, false
 	}
 	st := slot.state.Load()
+	edge := seqnum.Value(uint32(slot.edge.Load()))
 	if slot.key.Load() != key {
 		return buffer.Buffer{}, false
 	}
@@ -217,11 +232,14 @@ func (z *zeroWindow) ackFirst(b []byte) (buffer.Buffer, bool) {
 	}
 	rcvNxt := seqnum.Value(uint32(st))
 	wnd := seqnum.Size(raw) << ((st >> zwScaleShift) & 0xf)
+	if right := rcvNxt.Add(wnd); edge.LessThan(right) {
+		edge = right
+	}
 	seq := seqnum.Value(t.SequenceNumber())
 	end := seq.Add(seqnum.Size(segLen))
 	// tcp_sequence (net/ipv4/tcp_input.c), with rcv_wup taken as the
 	// last ACK sent: not before rcv_wup, not after the right edge.
-	linuxTakes := rcvNxt.LessThanEq(end) && seq.LessThanEq(rcvNxt.Add(wnd))
+	linuxTakes := rcvNxt.LessThanEq(end) && seq.LessThanEq(edge)
 	if !linuxTakes || header.Acceptable(seq, seqnum.Size(segLen), rcvNxt, rcvNxt.Add(wnd)) {
 		return buffer.Buffer{}, false
 	}

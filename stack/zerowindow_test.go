@@ -74,6 +74,7 @@ func TestZeroWindowAckFirst(t *testing.T) {
 		name    string
 		v6      bool
 		noSyn   bool   // the flow's SYN-ACK was not seen: scale unknown
+		prevWnd uint16 // raw window of an earlier ACK, 536 bytes before rcv_nxt
 		wnd     uint16 // raw window ustack last advertised
 		seq     uint32
 		payload int
@@ -85,6 +86,10 @@ func TestZeroWindowAckFirst(t *testing.T) {
 		{name: "zero window, FIN at rcv_nxt", wnd: 0, seq: rcvNxt, flags: header.TCPFlagFin, want: true},
 		{name: "zero window, scale unknown", noSyn: true, wnd: 0, seq: rcvNxt, payload: 100, want: true},
 		{name: "zero window, pure ACK", wnd: 0, seq: rcvNxt, payload: 0},
+		{name: "zero window, pure ACK inside an earlier edge", prevWnd: 8, wnd: 0, seq: rcvNxt + 488, payload: 0, want: true},
+		{name: "zero window, data inside an earlier edge", prevWnd: 8, wnd: 0, seq: rcvNxt, payload: 488, want: true},
+		{name: "zero window, pure ACK past an earlier edge", prevWnd: 8, wnd: 0, seq: rcvNxt + 489, payload: 0},
+		{name: "zero window, pure ACK past rcv_nxt", wnd: 0, seq: rcvNxt + 1, payload: 0},
 		{name: "zero window, data past the edge", wnd: 0, seq: rcvNxt + 1, payload: 100},
 		{name: "zero window, old data", wnd: 0, seq: rcvNxt - 200, payload: 100},
 		{name: "zero window, old data ending at rcv_nxt", wnd: 0, seq: rcvNxt - 100, payload: 100, want: true},
@@ -102,7 +107,10 @@ func TestZeroWindowAckFirst(t *testing.T) {
 			}
 			var z zeroWindow
 			if !tt.noSyn {
-				zwSend(&z, zwSegment(local, remote, lport, rport, ackOfPeer-1, rcvNxt, header.TCPFlagSyn|header.TCPFlagAck, 65535, synOpts, 0))
+				zwSend(&z, zwSegment(local, remote, lport, rport, ackOfPeer-1, rcvNxt-100000, header.TCPFlagSyn|header.TCPFlagAck, 65535, synOpts, 0))
+			}
+			if tt.prevWnd != 0 {
+				zwSend(&z, zwSegment(local, remote, lport, rport, ackOfPeer, rcvNxt-536, header.TCPFlagAck, tt.prevWnd, tsOpt, 0))
 			}
 			zwSend(&z, zwSegment(local, remote, lport, rport, ackOfPeer, rcvNxt, header.TCPFlagAck, tt.wnd, tsOpt, 0))
 			in := zwSegment(remote, local, rport, lport, tt.seq, ackOfPeer+100, header.TCPFlagAck|header.TCPFlagPsh|tt.flags, 1234, tsOpt, tt.payload)
