@@ -55,6 +55,9 @@ type linkEndpoint struct {
 	txMu  sync.Mutex
 	parts [][]byte // +checklocks:txMu
 
+	// zw records the windows ustack advertises (written under txMu)
+	// and hands gVisor the ACKs it would drop at a closed window.
+	zw zeroWindow
 }
 
 var _ stack.LinkEndpoint = (*linkEndpoint)(nil)
@@ -91,6 +94,9 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 		return
 	}
 	defer pkt.Release()
+	if ack, ok := e.zw.ackFirst(pkt.Linear); ok {
+		e.dispatch(ack)
+	}
 	if l3, l4, ok := udpTrain(pkt); ok {
 		e.splitUDP(pkt, l3, l4)
 		return
@@ -344,6 +350,9 @@ func (e *linkEndpoint) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 	}
 	e.txMu.Lock()
 	defer e.txMu.Unlock()
+	if pkt.TransportProtocolNumber == header.TCPProtocolNumber {
+		e.zw.sent(pkt.NetworkHeader().Slice(), pkt.TransportHeader().Slice())
+	}
 	parts := e.parts[:0]
 	vl, off := pkt.AsViewList()
 	for v := vl.Front(); v != nil; v = v.Next() {

@@ -498,6 +498,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 			s.ep.lend.each(fn)
 		}
 		s.views.each(fn)
+		s.ep.zw.each(fn)
 		if s.ep.xdp != nil {
 			s.ep.xdpStats.each(fn)
 			s.ep.eachXSK(fn)
@@ -520,6 +521,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("tcp_checksum_errors", st.TCP.ChecksumErrors.Value())
 	fn("tcp_invalid_segments", st.TCP.InvalidSegmentsReceived.Value())
 	fn("tcp_established", st.TCP.CurrentEstablished.Value())
+	fn("tcp_rcv_queued_bytes_current", s.tcpRcvQueued())
 	fn("udp_packets_received", st.UDP.PacketsReceived.Value())
 	fn("udp_receive_buffer_errors", st.UDP.ReceiveBufferErrors.Value())
 	fn("udp_unknown_port", st.UDP.UnknownPortErrors.Value())
