@@ -144,3 +144,87 @@ func TestMemoryFallback(t *testing.T) {
 		t.Errorf("Get with no memory: got %v, want ErrExhausted", err)
 	}
 }
+
+// TestHeldPageDoesNotStopRecycling: one page held forever at the head of
+// the ring (lent to a borrower that keeps it, as an idle socket or an
+// application View does, or with a frag kept) does not stop the pages
+// behind it from being recycled: Gets keep being served from the ring and
+// allocations stay bounded. Before, every Get allocated behind it and the
+// ring filled.
+func TestHeldPageDoesNotStopRecycling(t *testing.T) {
+	for _, lent := range []bool{true, false} {
+		name := "frag kept"
+		if lent {
+			name = "lent, borrower keeps it"
+		}
+		t.Run(name, func(t *testing.T) {
+			const ring, packets = 8, 10000
+			mem := &fakeMemory{}
+			p := newTestPool(t, Config{Memory: mem, RingSize: ring, Poison: true})
+			held := mustGet(t, p)
+			held.IncRef() // its frag
+			if lent {
+				held.Lend()
+				mem.setBusy(held, true)
+			}
+			p.Recycle(held)
+			if lent {
+				held.DecRef() // the frag is back; the borrower keeps the memory
+			}
+			for i := range packets {
+				pg := mustGet(t, p)
+				if pg == held {
+					t.Fatalf("packet %d: Get handed out the held page", i)
+				}
+				pg.IncRef() // a frag, released once delivered
+				p.Recycle(pg)
+				pg.DecRef()
+			}
+			st := p.Stats()
+			t.Logf("alloc_fast %d, alloc_slow %d, skip_held %d, release_held %d, ring_full %d",
+				st.AllocFast, st.AllocSlow, st.RingSkipHeld, st.RingReleaseHeld, st.RecycleRingFull)
+			if st.AllocSlow > 3 {
+				t.Errorf("rx_pp_alloc_slow: got %d, want at most 3 (the ring keeps serving Gets)", st.AllocSlow)
+			}
+			if st.AllocFast < packets-3 {
+				t.Errorf("rx_pp_alloc_fast: got %d, want at least %d", st.AllocFast, packets-3)
+			}
+			if st.RecycleRingFull != 0 {
+				t.Errorf("rx_pp_recycle_ring_full: got %d, want 0", st.RecycleRingFull)
+			}
+			if st.RingSkipHeld == 0 {
+				t.Error("rx_pp_ring_skip_held: got 0, want > 0")
+			}
+			if lent {
+				// A lent page stays in the ring, counted, until its
+				// borrower lets go; then it is reused.
+				if st.RingReleaseHeld != 0 || st.LentPages != 1 || st.LentBusy == 0 {
+					t.Errorf("release_held %d, lent_current %d, lent_busy %d: want 0, 1, > 0",
+						st.RingReleaseHeld, st.LentPages, st.LentBusy)
+				}
+				mem.setBusy(held, false)
+				reused := false
+				for range ring {
+					pg := mustGet(t, p)
+					reused = reused || pg == held
+					p.Recycle(pg)
+				}
+				if !reused {
+					t.Error("the lent page was not reused once its borrower let go")
+				}
+				if n := p.LentPages(); n != 0 {
+					t.Errorf("rx_pp_lent_current after reuse: got %d, want 0", n)
+				}
+				return
+			}
+			// The kept page was let go by the ring; its frag frees it.
+			if st.RingReleaseHeld != 1 || st.InUse < 2 {
+				t.Errorf("release_held %d, pages in use %d: want 1, at least 2", st.RingReleaseHeld, st.InUse)
+			}
+			held.DecRef()
+			if got := p.Stats().InUse; got != st.InUse-1 {
+				t.Errorf("pages in use after the kept frag's release: got %d, want %d", got, st.InUse-1)
+			}
+		})
+	}
+}

@@ -13,7 +13,15 @@
 //     that the NIC cannot write to, still read by packets in flight.
 //   - Get looks at the oldest page of the ring. If only the pool's reference
 //     is left (every frag was released), the page is handed out again, the
-//     same *Page; otherwise Get does not wait and allocates a new page.
+//     same *Page. A page still held (a frag out, or a lent page its borrower
+//     keeps) does not stop the pages behind it, as a held page does not
+//     stop page_pool's ring (page_pool_recycle_in_ring takes only pages
+//     whose page_ref_count is one; __page_pool_put_page releases the
+//     others): Get moves it to the tail and looks at the next one, up to
+//     maxSkips pages, then allocates. A page found held a second time is
+//     released (the pool forgets it; its last holder frees it), unless it
+//     is lent: a lent page stays in the ring, counted, because the pool is
+//     the only one that accounts for its memory.
 //   - Pages are allocated at the highest order that fits the memory limit:
 //     Config.Order first, one order lower after each failure, and one order
 //     higher again every RecoverInterval (mlx4's rx_alloc_order and
@@ -168,9 +176,17 @@ type Config struct {
 //   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
 //   - rx_pp_lent (Lent): times a page was lent with Lend. Not in the
 //     kernel.
-//   - rx_pp_lent_busy (LentBusy): Gets that found the oldest ring page
-//     lent and still held by its borrower, and allocated instead (counted
-//     in rx_pp_alloc_refill too). Not in the kernel.
+//   - rx_pp_lent_busy (LentBusy): ring pages Get found lent and still held
+//     by their borrower (and skipped). Not in the kernel.
+//   - rx_pp_ring_skip_held (RingSkipHeld): held pages Get moved from the
+//     head of the ring to its tail, to reach the pages behind them. Kernel:
+//     none (page_pool never queues a held page).
+//   - rx_pp_ring_release_held (RingReleaseHeld): pages Get found held a
+//     second time round the ring and released (the pool forgets them; they
+//     are freed when their last frag is). Kernel: recycle_released_refcnt.
+//   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
+//     (a gauge): the memory the pool's borrowers may pin. Not in the
+//     kernel.
 //
 // Allocated equals InUse; it stays for callers that read it. PageBytes is the
 // size of the pages Get allocates at the current order.
@@ -196,6 +212,9 @@ type Stats struct {
 	PageBytes          int
 	Lent               uint64
 	LentBusy           uint64
+	RingSkipHeld       uint64
+	RingReleaseHeld    uint64
+	LentPages          int64
 }
 
 // Each calls fn for every counter, named as above, in the documented order.
@@ -218,6 +237,9 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_bytes_held", uint64(s.BytesHeld))
 	fn("rx_pp_lent", s.Lent)
 	fn("rx_pp_lent_busy", s.LentBusy)
+	fn("rx_pp_ring_skip_held", s.RingSkipHeld)
+	fn("rx_pp_ring_release_held", s.RingReleaseHeld)
+	fn("rx_pp_lent_current", uint64(s.LentPages))
 }
 
 // cacheLine separates fields written by different goroutines; 128 covers
@@ -249,12 +271,12 @@ type Pool struct {
 	// Written by the owner only.
 	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
 	cached, ringFull, fallbacks, recoveries    atomic.Uint64
-	lentBusy                                   atomic.Uint64
+	lentBusy, skipHeld, releaseHeld            atomic.Uint64
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
-	released, lent   atomic.Uint64
-	inUse, bytesHeld atomic.Int64
+	released, lent            atomic.Uint64
+	inUse, bytesHeld, lentOut atomic.Int64
 }
 
 // Page is one page of packet memory with a reference count.
@@ -272,7 +294,10 @@ type Page struct {
 	// lent is set by Lend and cleared when Get reuses the page: its memory
 	// may be held by someone the count does not see; it is not poisoned.
 	lent atomic.Bool
-	buf  []byte
+	// skipped is set when Get found the page held at the head of the ring
+	// and moved it to the tail; the owner's.
+	skipped bool
+	buf     []byte
 	mem  any // Config.Memory's handle
 	pool *Pool
 }
@@ -349,16 +374,27 @@ func (p *Pool) PageBytes() int { return p.base << p.order.Load() }
 func (p *Pool) Order() int { return int(p.order.Load()) }
 
 // Get returns a page holding one reference, the caller's, or ErrExhausted.
-// Its contents are undefined. The page is the oldest of the ring if every
-// other reference to it was dropped, else a new one. Only the pool's owner
-// may call Get. It does not allocate when it reuses a page.
+// Its contents are undefined. The page is the oldest of the ring whose
+// other references were all dropped, else a new one. Held pages it looks
+// past go to the tail of the ring (rx_pp_ring_skip_held); one held a second
+// time round is released (rx_pp_ring_release_held) unless it is lent: lent
+// pages stay in the ring, where they are counted, until their borrower lets
+// go (a caller bounds them with LentPages). Only the pool's owner may call
+// Get. It does not allocate when it reuses a page.
 func (p *Pool) Get() (*Page, error) {
 	order := p.order.Load()
 	if order < p.maxOrder {
 		order = p.raiseOrder(order)
 	}
 	size := p.base << order
+	skips := 0
 	for p.count > 0 {
+		if skips == maxSkips || skips >= p.count {
+			// The pages looked at are all held, and the ones skipped
+			// are behind: don't wait for them.
+			p.refill.Add(1)
+			break
+		}
 		pg := p.ring[p.head]
 		if pg.lent.Load() && p.mem == nil {
 			// Nobody can tell when the borrower is done: let it go.
@@ -374,32 +410,68 @@ func (p *Pool) Get() (*Page, error) {
 			pg.DecRef() // the pool's reference
 			continue
 		}
-		if pg.state.Load() != ringBit|1 {
-			// Frags of the oldest page are still out: don't wait for them.
-			p.refill.Add(1)
-			break
-		}
-		if pg.lent.Load() {
+		held := pg.state.Load() != ringBit|1 // frags still out
+		if !held && pg.lent.Load() {
 			// Its frags are back; its borrower may still hold the memory.
 			// Nobody can start holding it now: the borrower only takes
 			// more from what it holds.
 			if p.mem.Busy(pg.mem) {
 				p.lentBusy.Add(1)
-				p.refill.Add(1)
-				break
+				held = true
+			} else {
+				pg.lent.Store(false)
+				p.lentOut.Add(-1)
 			}
-			pg.lent.Store(false)
+		}
+		if held {
+			if pg.skipped && !pg.lent.Load() {
+				// Held a whole ring cycle: let it go, as
+				// __page_pool_put_page releases a page whose
+				// page_ref_count is not one. Its frags keep it until
+				// the last one's DecRef releases it.
+				p.pop()
+				pg.state.And(^ringBit)
+				p.releaseHeld.Add(1)
+				pg.DecRef() // the pool's reference
+				continue
+			}
+			// A lent page stays: released, its memory would go on
+			// being pinned by its borrower, uncounted.
+			pg.skipped = true
+			skips++
+			p.rotate()
+			p.skipHeld.Add(1)
+			continue
 		}
 		if pg.poisoned {
 			pg.checkPoison() // before pop: a corrupt page stays for Close
 			pg.poisoned = false
 		}
 		p.pop()
+		pg.skipped = false
 		pg.state.Store(1) // the pool's reference becomes the caller's
 		p.fast.Add(1)
 		return pg, nil
 	}
 	return p.alloc(order)
+}
+
+// maxSkips is how many held pages one Get looks past before it allocates:
+// enough to step over a few pages held by idle sockets or applications at
+// once, few enough that a ring full of held pages costs a Get little. Each
+// page skipped moves to the tail, so the next Get looks at others.
+const maxSkips = 8
+
+// rotate moves the oldest page of the ring to its tail.
+func (p *Pool) rotate() {
+	pg := p.ring[p.head]
+	p.pop()
+	i := p.head + p.count
+	if i >= len(p.ring) {
+		i -= len(p.ring)
+	}
+	p.ring[i] = pg
+	p.count++
 }
 
 // raiseOrder raises the allocation order by one if RecoverInterval has
@@ -457,7 +529,7 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 			pg = pageStructs.Get().(*Page)
 			pg.buf, pg.mem, pg.pool, pg.poison = b[:size], h, p, p.poison
 			pg.lent.Store(false)
-			pg.poisoned = false
+			pg.poisoned, pg.skipped = false, false
 			break
 		}
 		if b != nil {
@@ -575,6 +647,9 @@ func (p *Pool) Stats() Stats {
 		PageBytes:          p.base << order,
 		Lent:               p.lent.Load(),
 		LentBusy:           p.lentBusy.Load(),
+		RingSkipHeld:       p.skipHeld.Load(),
+		RingReleaseHeld:    p.releaseHeld.Load(),
+		LentPages:          p.lentOut.Load(),
 	}
 }
 
@@ -624,6 +699,11 @@ func (pg *Page) DecRef() {
 		panic("bufpool: DecRef dropped the pool's reference on a page in its ring")
 	}
 	p := pg.pool
+	if pg.lent.Load() {
+		// Nobody else can clear it: the page has no holder left.
+		pg.lent.Store(false)
+		p.lentOut.Add(-1)
+	}
 	p.released.Add(1)
 	p.inUse.Add(-1)
 	p.bytesHeld.Add(-int64(len(pg.buf)))
@@ -645,11 +725,16 @@ func (pg *Page) Lend() bool {
 		return false
 	}
 	pg.pool.lent.Add(1)
+	pg.pool.lentOut.Add(1)
 	return true
 }
 
 // Lent reports whether the page was lent.
 func (pg *Page) Lent() bool { return pg.lent.Load() }
+
+// LentPages returns the number of pages lent now (rx_pp_lent_current): lent
+// with Lend and not yet reused or released. From any goroutine.
+func (p *Pool) LentPages() int { return int(p.lentOut.Load()) }
 
 // Mem returns the handle Config.Memory gave for the page's memory (nil for
 // Go heap pages).
