@@ -298,8 +298,8 @@ type Page struct {
 	// and moved it to the tail; the owner's.
 	skipped bool
 	buf     []byte
-	mem  any // Config.Memory's handle
-	pool *Pool
+	mem     any // Config.Memory's handle
+	pool    *Pool
 }
 
 // pageStructs recycles the Page structs of pages backed by Config.Memory,
