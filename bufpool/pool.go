@@ -17,11 +17,12 @@
 //     keeps) does not stop the pages behind it, as a held page does not
 //     stop page_pool's ring (page_pool_recycle_in_ring takes only pages
 //     whose page_ref_count is one; __page_pool_put_page releases the
-//     others): Get moves it to the tail and looks at the next one, up to
-//     maxSkips pages, then allocates. A page found held a second time is
-//     released (the pool forgets it; its last holder frees it), unless it
-//     is lent: a lent page stays in the ring, counted, because the pool is
-//     the only one that accounts for its memory.
+//     others): Get hands out the first free page of the next few instead,
+//     and allocates only if they are all held. A page found held by
+//     stuckGets Gets is moved out of the way: released (the pool forgets
+//     it; its last holder frees it) or, if it is lent, to the tail of the
+//     ring, where it stays counted: nothing else accounts for memory a
+//     borrower pins.
 //   - Pages are allocated at the highest order that fits the memory limit:
 //     Config.Order first, one order lower after each failure, and one order
 //     higher again every RecoverInterval (mlx4's rx_alloc_order and
@@ -176,14 +177,15 @@ type Config struct {
 //   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
 //   - rx_pp_lent (Lent): times a page was lent with Lend. Not in the
 //     kernel.
-//   - rx_pp_lent_busy (LentBusy): ring pages Get found lent and still held
-//     by their borrower (and skipped). Not in the kernel.
-//   - rx_pp_ring_skip_held (RingSkipHeld): held pages Get moved from the
-//     head of the ring to its tail, to reach the pages behind them. Kernel:
-//     none (page_pool never queues a held page).
-//   - rx_pp_ring_release_held (RingReleaseHeld): pages Get found held a
-//     second time round the ring and released (the pool forgets them; they
-//     are freed when their last frag is). Kernel: recycle_released_refcnt.
+//   - rx_pp_lent_busy (LentBusy): times Get found a ring page lent and
+//     still held by its borrower. Not in the kernel.
+//   - rx_pp_ring_skip_held (RingSkipHeld): Gets that served a page from
+//     behind a held oldest page, plus lent pages held for stuckGets Gets
+//     that Get moved to the tail of the ring. Kernel: none (page_pool never
+//     queues a held page).
+//   - rx_pp_ring_release_held (RingReleaseHeld): pages held for stuckGets
+//     Gets that Get released (the pool forgets them; they are freed when
+//     their last frag is). Kernel: recycle_released_refcnt.
 //   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
 //     (a gauge): the memory the pool's borrowers may pin. Not in the
 //     kernel.
@@ -294,9 +296,9 @@ type Page struct {
 	// lent is set by Lend and cleared when Get reuses the page: its memory
 	// may be held by someone the count does not see; it is not poisoned.
 	lent atomic.Bool
-	// skipped is set when Get found the page held at the head of the ring
-	// and moved it to the tail; the owner's.
-	skipped bool
+	// heldFor counts the Gets that found the page held near the head of
+	// the ring, up to stuckGets; the owner's.
+	heldFor uint16
 	buf     []byte
 	mem     any // Config.Memory's handle
 	pool    *Pool
@@ -375,26 +377,20 @@ func (p *Pool) Order() int { return int(p.order.Load()) }
 
 // Get returns a page holding one reference, the caller's, or ErrExhausted.
 // Its contents are undefined. The page is the oldest of the ring whose
-// other references were all dropped, else a new one. Held pages it looks
-// past go to the tail of the ring (rx_pp_ring_skip_held); one held a second
-// time round is released (rx_pp_ring_release_held) unless it is lent: lent
-// pages stay in the ring, where they are counted, until their borrower lets
-// go (a caller bounds them with LentPages). Only the pool's owner may call
-// Get. It does not allocate when it reuses a page.
+// other references were all dropped, among the first skipWindow, else a
+// new one; a page held for stuckGets Gets is moved out of the way (see the
+// package doc), so that held pages never stop recycling. Lent pages stay in
+// the ring until their borrower lets go: a caller bounds them with
+// LentPages. Only the pool's owner may call Get. It does not allocate when
+// it reuses a page.
 func (p *Pool) Get() (*Page, error) {
 	order := p.order.Load()
 	if order < p.maxOrder {
 		order = p.raiseOrder(order)
 	}
 	size := p.base << order
-	skips := 0
+	rotated := 0
 	for p.count > 0 {
-		if skips == maxSkips || skips >= p.count {
-			// The pages looked at are all held, and the ones skipped
-			// are behind: don't wait for them.
-			p.refill.Add(1)
-			break
-		}
 		pg := p.ring[p.head]
 		if pg.lent.Load() && p.mem == nil {
 			// Nobody can tell when the borrower is done: let it go.
@@ -410,62 +406,119 @@ func (p *Pool) Get() (*Page, error) {
 			pg.DecRef() // the pool's reference
 			continue
 		}
-		held := pg.state.Load() != ringBit|1 // frags still out
-		if !held && pg.lent.Load() {
-			// Its frags are back; its borrower may still hold the memory.
-			// Nobody can start holding it now: the borrower only takes
-			// more from what it holds.
-			if p.mem.Busy(pg.mem) {
-				p.lentBusy.Add(1)
-				held = true
-			} else {
-				pg.lent.Store(false)
-				p.lentOut.Add(-1)
-			}
+		if p.free(pg) {
+			p.reuse(pg) // before pop: a corrupt page stays for Close
+			p.pop()
+			return pg, nil
 		}
-		if held {
-			if pg.skipped && !pg.lent.Load() {
-				// Held a whole ring cycle: let it go, as
-				// __page_pool_put_page releases a page whose
-				// page_ref_count is not one. Its frags keep it until
-				// the last one's DecRef releases it.
-				p.pop()
-				pg.state.And(^ringBit)
-				p.releaseHeld.Add(1)
-				pg.DecRef() // the pool's reference
+		// The oldest page is held. Serve the first free one of the next
+		// few, which takes the held page's slot: it stays near the head.
+		pg.held()
+		n := min(p.count, skipWindow)
+		for i := 1; i < n; i++ {
+			j := p.head + i
+			if j >= len(p.ring) {
+				j -= len(p.ring)
+			}
+			q := p.ring[j]
+			if len(q.buf) != size || !p.free(q) {
+				q.held()
 				continue
 			}
-			// A lent page stays: released, its memory would go on
-			// being pinned by its borrower, uncounted.
-			pg.skipped = true
-			skips++
-			p.rotate()
+			p.reuse(q)
+			p.ring[j] = pg
+			p.pop()
 			p.skipHeld.Add(1)
+			return q, nil
+		}
+		if pg.heldFor < stuckGets || rotated == maxRotate {
+			// Held, but maybe not for long: don't wait for it.
+			p.refill.Add(1)
+			break
+		}
+		// Held for stuckGets Gets: out of the way. A lent page keeps its
+		// count: back at the head still held, it moves on at once.
+		p.pop()
+		if !pg.lent.Load() {
+			// Let it go, as __page_pool_put_page releases a page whose
+			// page_ref_count is not one: its frags keep it until the
+			// last one's DecRef releases it.
+			pg.state.And(^ringBit)
+			p.releaseHeld.Add(1)
+			pg.DecRef() // the pool's reference
 			continue
 		}
-		if pg.poisoned {
-			pg.checkPoison() // before pop: a corrupt page stays for Close
-			pg.poisoned = false
-		}
-		p.pop()
-		pg.skipped = false
-		pg.state.Store(1) // the pool's reference becomes the caller's
-		p.fast.Add(1)
-		return pg, nil
+		// A lent page stays in the ring: released, its memory would go
+		// on being pinned by its borrower, uncounted.
+		p.push(pg)
+		p.skipHeld.Add(1)
+		rotated++
 	}
 	return p.alloc(order)
 }
 
-// maxSkips is how many held pages one Get looks past before it allocates:
-// enough to step over a few pages held by idle sockets or applications at
-// once, few enough that a ring full of held pages costs a Get little. Each
-// page skipped moves to the tail, so the next Get looks at others.
-const maxSkips = 8
+// free reports whether pg, a page of the ring, can be handed out again: no
+// frag of it is out and, if it was lent, its borrower let go (then it is
+// lent no more).
+func (p *Pool) free(pg *Page) bool {
+	if pg.state.Load() != ringBit|1 {
+		return false // frags still out
+	}
+	if pg.lent.Load() {
+		// Its frags are back; its borrower may still hold the memory.
+		// Nobody can start holding it now: the borrower only takes more
+		// from what it holds.
+		if p.mem.Busy(pg.mem) {
+			p.lentBusy.Add(1)
+			return false
+		}
+		pg.lent.Store(false)
+		p.lentOut.Add(-1)
+	}
+	return true
+}
 
-// rotate moves the oldest page of the ring to its tail.
-func (p *Pool) rotate() {
-	pg := p.ring[p.head]
-	p.pop()
+// reuse readies pg, a free page of the ring, to be handed out: the caller
+// takes it out of the ring.
+func (p *Pool) reuse(pg *Page) {
+	if pg.poisoned {
+		pg.checkPoison()
+		pg.poisoned = false
+	}
+	pg.heldFor = 0
+	pg.state.Store(1) // the pool's reference becomes the caller's
+	p.fast.Add(1)
+}
+
+// held counts one more Get that found pg held.
+func (pg *Page) held() {
+	if pg.heldFor < stuckGets {
+		pg.heldFor++
+	}
+}
+
+// skipWindow is how many pages from the head of the ring Get looks at for
+// a free one: enough to step over a few pages held by idle sockets or
+// applications, few enough that a ring of held pages costs a Get little.
+const skipWindow = 8
+
+// maxRotate is how many lent pages one Get moves to the tail at most: a
+// pointer move each, so that a cluster of them (the pages one idle socket
+// holds) is passed in one Get rather than costing an allocation per
+// skipWindow of them.
+const maxRotate = 64
+
+// stuckGets is how many Gets must find a page held near the head before it
+// is moved out of the way, to the tail of the ring or, if not lent, out of
+// the pool. Pages held for a short while (packets in flight, a socket's
+// unread data a reader is catching up with) are best reused where they
+// are, in order; a page that stays held while this many pages go by is
+// held by someone who may never let go.
+const stuckGets = 128
+
+// push appends pg, which holds the pool's reference, to the ring's tail.
+// The ring must have room.
+func (p *Pool) push(pg *Page) {
 	i := p.head + p.count
 	if i >= len(p.ring) {
 		i -= len(p.ring)
@@ -529,7 +582,7 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 			pg = pageStructs.Get().(*Page)
 			pg.buf, pg.mem, pg.pool, pg.poison = b[:size], h, p, p.poison
 			pg.lent.Store(false)
-			pg.poisoned, pg.skipped = false, false
+			pg.poisoned, pg.heldFor = false, 0
 			break
 		}
 		if b != nil {
@@ -584,12 +637,7 @@ func (p *Pool) Recycle(pg *Page) {
 		// The retiring owner was the last holder: no one else can touch it.
 		pg.fillPoison()
 	}
-	i := p.head + p.count
-	if i >= len(p.ring) {
-		i -= len(p.ring)
-	}
-	p.ring[i] = pg
-	p.count++
+	p.push(pg)
 	p.cached.Add(1)
 }
 

@@ -231,16 +231,16 @@ func TestQuarantine(t *testing.T) {
 		// want: which recycled pages the next Gets return (-1: a new one)
 		want     []int
 		ringFull uint64
-		// releasedHeld: held pages Get let go, found held a second time.
+		// releasedHeld: held pages Get let go, held for stuckGets Gets.
 		releasedHeld uint64
 	}{
 		{"fifo", 4, 4, nil, []int{0, 1, 2, 3, -1}, 0, 0},
 		{"ring full", 4, 6, nil, []int{0, 1, 2, 3, -1, -1}, 2, 0},
 		{"ring full, dropped pages held", 2, 4, []int{2, 3}, []int{0, 1, -1}, 2, 0},
 		// A held page does not stop the ones behind it (page_pool).
-		{"oldest busy, next free", 4, 2, []int{0}, []int{1, -1}, 0, 1},
-		{"middle busy", 4, 3, []int{1}, []int{0, 2, -1}, 0, 1},
-		{"two busy", 4, 4, []int{0, 2}, []int{1, 3, -1}, 0, 2},
+		{"oldest busy, next free", 4, 2, []int{0}, []int{1, -1}, 0, 0},
+		{"middle busy", 4, 3, []int{1}, []int{0, 2, -1}, 0, 0},
+		{"two busy", 4, 4, []int{0, 2}, []int{1, 3, -1}, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPool(t, Config{RingSize: tc.ring, Poison: true})
