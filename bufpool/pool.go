@@ -18,11 +18,12 @@
 //     stop page_pool's ring (page_pool_recycle_in_ring takes only pages
 //     whose page_ref_count is one; __page_pool_put_page releases the
 //     others): Get hands out the first free page of the next few instead,
-//     and allocates only if they are all held. A page found held by
-//     stuckGets Gets is moved out of the way: released (the pool forgets
-//     it; its last holder frees it) or, if it is lent, to the tail of the
-//     ring, where it stays counted: nothing else accounts for memory a
-//     borrower pins.
+//     and allocates only if they are all held. Pages held for stuckGets
+//     Gets, or all the held pages at the head once it has been held that
+//     long, are moved out of the way: released (the pool forgets them;
+//     their last holder frees them) or, if lent, parked: kept, counted,
+//     and looked at one per Get until their borrower lets go, since nothing
+//     else accounts for the memory a borrower pins.
 //   - Pages are allocated at the highest order that fits the memory limit:
 //     Config.Order first, one order lower after each failure, and one order
 //     higher again every RecoverInterval (mlx4's rx_alloc_order and
@@ -180,12 +181,14 @@ type Config struct {
 //   - rx_pp_lent_busy (LentBusy): times Get found a ring page lent and
 //     still held by its borrower. Not in the kernel.
 //   - rx_pp_ring_skip_held (RingSkipHeld): Gets that served a page from
-//     behind a held oldest page, plus lent pages held for stuckGets Gets
-//     that Get moved to the tail of the ring. Kernel: none (page_pool never
-//     queues a held page).
-//   - rx_pp_ring_release_held (RingReleaseHeld): pages held for stuckGets
-//     Gets that Get released (the pool forgets them; they are freed when
+//     behind a held oldest page. Kernel: none (page_pool never queues a
+//     held page).
+//   - rx_pp_ring_release_held (RingReleaseHeld): held pages moved out of
+//     the way and released (the pool forgets them; they are freed when
 //     their last frag is). Kernel: recycle_released_refcnt.
+//   - rx_pp_ring_park_held (RingParkHeld): lent pages moved out of the
+//     way onto the parked list, where Get looks at one per call and reuses
+//     it once its borrower let go. Not in the kernel.
 //   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
 //     (a gauge): the memory the pool's borrowers may pin. Not in the
 //     kernel.
@@ -216,6 +219,7 @@ type Stats struct {
 	LentBusy           uint64
 	RingSkipHeld       uint64
 	RingReleaseHeld    uint64
+	RingParkHeld       uint64
 	LentPages          int64
 }
 
@@ -241,6 +245,7 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_lent_busy", s.LentBusy)
 	fn("rx_pp_ring_skip_held", s.RingSkipHeld)
 	fn("rx_pp_ring_release_held", s.RingReleaseHeld)
+	fn("rx_pp_ring_park_held", s.RingParkHeld)
 	fn("rx_pp_lent_current", uint64(s.LentPages))
 }
 
@@ -265,6 +270,13 @@ type Pool struct {
 	// pages from head, each holding one reference, the pool's.
 	ring        []*Page
 	head, count int
+	// parked holds lent pages taken out of the ring, held for stuckGets
+	// Gets; each holds the pool's reference. Get looks at one per call,
+	// in turn (parkNext), and hands it out once its borrower let go. Its
+	// capacity is the ring's.
+	parked      []*Page
+	parkNext    int
+	clogged     int       // Gets in a row that found the ring's head held, up to stuckGets
 	lastRecover time.Time // last order change (fallback or recovery)
 
 	order atomic.Int32 // current allocation order; written by the owner
@@ -273,7 +285,7 @@ type Pool struct {
 	// Written by the owner only.
 	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
 	cached, ringFull, fallbacks, recoveries    atomic.Uint64
-	lentBusy, skipHeld, releaseHeld            atomic.Uint64
+	lentBusy, skipHeld, releaseHeld, parkHeld  atomic.Uint64
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
@@ -362,6 +374,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if !cfg.NoRecycle {
 		p.ring = make([]*Page, cfg.RingSize)
+		if cfg.Memory != nil {
+			p.parked = make([]*Page, 0, cfg.RingSize)
+		}
 	}
 	p.order.Store(int32(cfg.Order))
 	return p, nil
@@ -376,20 +391,23 @@ func (p *Pool) PageBytes() int { return p.base << p.order.Load() }
 func (p *Pool) Order() int { return int(p.order.Load()) }
 
 // Get returns a page holding one reference, the caller's, or ErrExhausted.
-// Its contents are undefined. The page is the oldest of the ring whose
-// other references were all dropped, among the first skipWindow, else a
-// new one; a page held for stuckGets Gets is moved out of the way (see the
-// package doc), so that held pages never stop recycling. Lent pages stay in
-// the ring until their borrower lets go: a caller bounds them with
-// LentPages. Only the pool's owner may call Get. It does not allocate when
-// it reuses a page.
+// Its contents are undefined. The page is a parked one whose borrower let
+// go (one is looked at per call), else the oldest of the first skipWindow
+// pages of the ring whose other references were all dropped, else a new
+// one; held pages are moved out of the ring's way (see the package doc),
+// so that they never stop recycling. Lent pages stay the pool's until
+// their borrower lets go: a caller bounds them with LentPages. Only the
+// pool's owner may call Get. It does not allocate when it reuses a page.
 func (p *Pool) Get() (*Page, error) {
 	order := p.order.Load()
 	if order < p.maxOrder {
 		order = p.raiseOrder(order)
 	}
 	size := p.base << order
-	rotated := 0
+	if pg := p.unpark(size); pg != nil {
+		return pg, nil
+	}
+	compacted := false
 	for p.count > 0 {
 		pg := p.ring[p.head]
 		if pg.lent.Load() && p.mem == nil {
@@ -409,6 +427,7 @@ func (p *Pool) Get() (*Page, error) {
 		if p.free(pg) {
 			p.reuse(pg) // before pop: a corrupt page stays for Close
 			p.pop()
+			p.clogged = 0
 			return pg, nil
 		}
 		// The oldest page is held. Serve the first free one of the next
@@ -428,33 +447,89 @@ func (p *Pool) Get() (*Page, error) {
 			p.reuse(q)
 			p.ring[j] = pg
 			p.pop()
+			p.clogged = 0
 			p.skipHeld.Add(1)
 			return q, nil
 		}
-		if pg.heldFor < stuckGets || rotated == maxRotate {
+		if pg.heldFor < stuckGets && p.clogged < stuckGets || compacted {
 			// Held, but maybe not for long: don't wait for it.
+			if p.clogged < stuckGets {
+				p.clogged++
+			}
 			p.refill.Add(1)
 			break
 		}
-		// Held for stuckGets Gets: out of the way. A lent page keeps its
-		// count: back at the head still held, it moves on at once.
-		p.pop()
-		if !pg.lent.Load() {
-			// Let it go, as __page_pool_put_page releases a page whose
-			// page_ref_count is not one: its frags keep it until the
-			// last one's DecRef releases it.
+		// Held for stuckGets Gets, or the head of the ring has been for
+		// that long: the held pages near the head go out of the way.
+		p.compact()
+		compacted = true
+	}
+	return p.alloc(order)
+}
+
+// compact takes the held pages out of the first maxMoves of the ring,
+// keeping the others in order: a page not lent is released, as
+// __page_pool_put_page releases a page whose page_ref_count is not one (its
+// frags keep it until the last one's DecRef releases it); a lent page is
+// parked, since released its memory would go on being pinned by its
+// borrower, uncounted. With the parked list full it stays.
+func (p *Pool) compact() {
+	m := min(p.count, maxMoves)
+	at := func(i int) int {
+		if i += p.head; i >= len(p.ring) {
+			i -= len(p.ring)
+		}
+		return i
+	}
+	w := m // the kept pages move to the back of the m slots, in order
+	for i := m - 1; i >= 0; i-- {
+		pg := p.ring[at(i)]
+		p.ring[at(i)] = nil
+		switch {
+		case p.free(pg):
+		case !pg.lent.Load():
 			pg.state.And(^ringBit)
 			p.releaseHeld.Add(1)
 			pg.DecRef() // the pool's reference
 			continue
+		case len(p.parked) < cap(p.parked):
+			p.parked = append(p.parked, pg)
+			p.parkHeld.Add(1)
+			continue
 		}
-		// A lent page stays in the ring: released, its memory would go
-		// on being pinned by its borrower, uncounted.
-		p.push(pg)
-		p.skipHeld.Add(1)
-		rotated++
+		w--
+		p.ring[at(w)] = pg
 	}
-	return p.alloc(order)
+	p.head = at(w)
+	p.count -= w
+}
+
+// unpark looks at one parked page, in turn, and hands it out if its
+// borrower let go; else it returns nil.
+func (p *Pool) unpark(size int) *Page {
+	if len(p.parked) == 0 {
+		return nil
+	}
+	if p.parkNext >= len(p.parked) {
+		p.parkNext = 0
+	}
+	i := p.parkNext
+	pg := p.parked[i]
+	if !p.free(pg) {
+		p.parkNext++
+		return nil
+	}
+	last := len(p.parked) - 1
+	p.parked[i], p.parked[last] = p.parked[last], nil
+	p.parked = p.parked[:last]
+	if len(pg.buf) != size {
+		pg.state.And(^ringBit)
+		p.waive.Add(1)
+		pg.DecRef() // the pool's reference
+		return nil
+	}
+	p.reuse(pg)
+	return pg
 }
 
 // free reports whether pg, a page of the ring, can be handed out again: no
@@ -502,15 +577,15 @@ func (pg *Page) held() {
 // applications, few enough that a ring of held pages costs a Get little.
 const skipWindow = 8
 
-// maxRotate is how many lent pages one Get moves to the tail at most: a
-// pointer move each, so that a cluster of them (the pages one idle socket
-// holds) is passed in one Get rather than costing an allocation per
+// maxMoves is how many pages from the head one Get compacts at most, a
+// pointer move each: a cluster of held pages (the pages idle sockets hold)
+// is passed in a few Gets rather than costing stuckGets allocations per
 // skipWindow of them.
-const maxRotate = 64
+const maxMoves = 64
 
-// stuckGets is how many Gets must find a page held near the head before it
-// is moved out of the way, to the tail of the ring or, if not lent, out of
-// the pool. Pages held for a short while (packets in flight, a socket's
+// stuckGets is how many Gets must find a page held near the head, or find
+// the head of the ring held, before the held pages there are moved out of
+// the way: onto the parked list if lent, else out of the pool. Pages held for a short while (packets in flight, a socket's
 // unread data a reader is catching up with) are best reused where they
 // are, in order; a page that stays held while this many pages go by is
 // held by someone who may never let go.
@@ -662,6 +737,12 @@ func (p *Pool) Close() {
 		pg.state.And(^ringBit)
 		pg.DecRef()
 	}
+	for i, pg := range p.parked {
+		p.parked[i] = nil
+		pg.state.And(^ringBit)
+		pg.DecRef()
+	}
+	p.parked = p.parked[:0]
 }
 
 // Stats returns a snapshot of the pool's counters, from any goroutine. The
@@ -697,6 +778,7 @@ func (p *Pool) Stats() Stats {
 		LentBusy:           p.lentBusy.Load(),
 		RingSkipHeld:       p.skipHeld.Load(),
 		RingReleaseHeld:    p.releaseHeld.Load(),
+		RingParkHeld:       p.parkHeld.Load(),
 		LentPages:          p.lentOut.Load(),
 	}
 }
