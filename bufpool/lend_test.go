@@ -251,3 +251,32 @@ func TestHeldPageDoesNotStopRecycling(t *testing.T) {
 		})
 	}
 }
+
+// TestLendWithoutMemoryBehindHead: lent heap pages behind a held head, in
+// the window Get looks at and in the pages it compacts, are let go, never
+// reused (nobody can tell when their borrower is done).
+func TestLendWithoutMemoryBehindHead(t *testing.T) {
+	p := newTestPool(t, Config{RingSize: 64})
+	head := mustGet(t, p)
+	head.IncRef() // kept
+	p.Recycle(head)
+	var lent []*Page
+	for range 4 {
+		pg := mustGet(t, p)
+		pg.IncRef()
+		pg.Lend()
+		p.Recycle(pg)
+		pg.DecRef()
+		lent = append(lent, pg)
+	}
+	for range 2 * stuckGets {
+		pg := mustGet(t, p)
+		for _, l := range lent {
+			if pg == l {
+				t.Fatal("Get handed out a lent heap page")
+			}
+		}
+		p.Recycle(pg)
+	}
+	head.DecRef()
+}

@@ -487,7 +487,7 @@ func (p *Pool) compact() {
 		p.ring[at(i)] = nil
 		switch {
 		case p.free(pg):
-		case !pg.lent.Load():
+		case !pg.lent.Load() || p.mem == nil:
 			pg.state.And(^ringBit)
 			p.releaseHeld.Add(1)
 			pg.DecRef() // the pool's reference
@@ -542,8 +542,8 @@ func (p *Pool) free(pg *Page) bool {
 	if pg.lent.Load() {
 		// Its frags are back; its borrower may still hold the memory.
 		// Nobody can start holding it now: the borrower only takes more
-		// from what it holds.
-		if p.mem.Busy(pg.mem) {
+		// from what it holds. Without a Memory, nobody can tell.
+		if p.mem == nil || p.mem.Busy(pg.mem) {
 			p.lentBusy.Add(1)
 			return false
 		}
