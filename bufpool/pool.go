@@ -468,11 +468,12 @@ func (p *Pool) Get() (*Page, error) {
 }
 
 // compact takes the held pages out of the first maxMoves of the ring,
-// keeping the others in order: a page not lent is released, as
-// __page_pool_put_page releases a page whose page_ref_count is not one (its
-// frags keep it until the last one's DecRef releases it); a lent page is
-// parked, since released its memory would go on being pinned by its
-// borrower, uncounted. With the parked list full it stays.
+// keeping the others in order. Heap pages are released, as
+// __page_pool_put_page releases a page whose page_ref_count is not one
+// (their frags keep them until the last one's DecRef releases them).
+// Pages of a Memory are parked instead: they may be lent, or lent later by
+// a frag's holder, and released their memory would go on being pinned by
+// the borrower, uncounted. With the parked list full they stay.
 func (p *Pool) compact() {
 	m := min(p.count, maxMoves)
 	at := func(i int) int {
@@ -487,7 +488,7 @@ func (p *Pool) compact() {
 		p.ring[at(i)] = nil
 		switch {
 		case p.free(pg):
-		case !pg.lent.Load() || p.mem == nil:
+		case p.mem == nil:
 			pg.state.And(^ringBit)
 			p.releaseHeld.Add(1)
 			pg.DecRef() // the pool's reference

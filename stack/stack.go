@@ -99,7 +99,8 @@ type Config struct {
 	// (rx_pp_lent_current): past it, frags of pages not lent yet are
 	// copied (zc_frags_copied_over_limit), so that what a peer makes
 	// gVisor hold (out-of-order segments, fragments, unread data) cannot
-	// pin more pages. 0: half the pool's ring, where lent pages wait.
+	// pin more pages. 0: as many as the pool's ring holds (lent pages wait
+	// in the ring, or on the pool's parked list of the same size).
 	ZeroCopyMaxLent int
 }
 

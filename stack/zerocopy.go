@@ -156,13 +156,13 @@ var layoutLog sync.Once
 // newLendStats returns the lending policy of a zero-copy stack whose pages
 // come from pool: packets with less than lendMinBytes of payload are
 // copied, and so are IP fragments, and every frag of a page not lent yet
-// once maxLent pages are (0: half the pool's ring, see
+// once maxLent pages are (0: as many as the pool.s ring holds, see
 // Config.ZeroCopyMaxLent). If gVisor's chunk layout was
 // not recognised, pages could never be reused: every frag is copied, and
 // that is logged once.
 func newLendStats(pool *bufpool.Pool, maxLent int) *lendStats {
 	if maxLent == 0 {
-		maxLent = max(pool.RingSize()/2, 1)
+		maxLent = max(pool.RingSize(), 1)
 	}
 	l := &lendStats{minLend: lendMinBytes, maxLent: maxLent, pool: pool, noLayout: !refsLayout.ok, ipFrags: true}
 	if l.noLayout {
