@@ -246,10 +246,14 @@ func floodWait(t *testing.T, what string, cond func() bool) {
 // each on an RX page of its own, does not grow a zero-copy stack's pool
 // with the flood. 1-byte segments are copied (lent, each would pin a page:
 // gVisor charges a segment about its size); 1100-byte ones are lent up to
-// ZeroCopyMaxLent pages, then copied. Before, the pool held a page per
-// segment and more: peak 4798 pages for these 4096 1-byte segments (5886
-// for 1100-byte ones), 9534 (11710) for twice as many; now about 350 (700)
-// whatever the count.
+// ZeroCopyMaxLent pages, then copied. Peak pool pages, before (copy of
+// the base commit) and after, on the loaded 2-core test machine:
+//
+//	segments          1-byte         1100-byte (max lent 64)
+//	128 x 32 = 4096   4792 -> 425    5880 -> 489
+//	256 x 32 = 8192   9520 -> 354    11696 -> 485
+//
+// Before, a page per segment and more; now flat whatever the flood.
 func TestLendFlood(t *testing.T) {
 	// 32 segments a connection: the 1100-byte ones span 35 KB, inside any
 	// receive window gVisor opens (beyond it, it drops them).
