@@ -20,10 +20,11 @@
 //     others): Get hands out the first free page of the next few instead,
 //     and allocates only if they are all held. Pages held for stuckGets
 //     Gets, or all the held pages at the head once it has been held that
-//     long, are moved out of the way: released (the pool forgets them;
-//     their last holder frees them) or, if lent, parked: kept, counted,
-//     and looked at one per Get until their borrower lets go, since nothing
-//     else accounts for the memory a borrower pins.
+//     long, are moved out of the way: heap pages are released (the pool
+//     forgets them; their last holder frees them), pages of a Memory are
+//     parked: kept, counted, and looked at one per Get until they are
+//     free, since they may be lent (now, or by a frag's holder later) and
+//     nothing else accounts for the memory a borrower pins.
 //   - Pages are allocated at the highest order that fits the memory limit:
 //     Config.Order first, one order lower after each failure, and one order
 //     higher again every RecoverInterval (mlx4's rx_alloc_order and
@@ -183,12 +184,12 @@ type Config struct {
 //   - rx_pp_ring_skip_held (RingSkipHeld): Gets that served a page from
 //     behind a held oldest page. Kernel: none (page_pool never queues a
 //     held page).
-//   - rx_pp_ring_release_held (RingReleaseHeld): held pages moved out of
-//     the way and released (the pool forgets them; they are freed when
-//     their last frag is). Kernel: recycle_released_refcnt.
-//   - rx_pp_ring_park_held (RingParkHeld): lent pages moved out of the
-//     way onto the parked list, where Get looks at one per call and reuses
-//     it once its borrower let go. Not in the kernel.
+//   - rx_pp_ring_release_held (RingReleaseHeld): held heap pages moved
+//     out of the way and released (the pool forgets them; they are freed
+//     when their last frag is). Kernel: recycle_released_refcnt.
+//   - rx_pp_ring_park_held (RingParkHeld): held pages of a Memory moved
+//     out of the way onto the parked list, where Get looks at one per call
+//     and reuses it once free. Not in the kernel.
 //   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
 //     (a gauge): the memory the pool's borrowers may pin. Not in the
 //     kernel.
@@ -270,10 +271,10 @@ type Pool struct {
 	// pages from head, each holding one reference, the pool's.
 	ring        []*Page
 	head, count int
-	// parked holds lent pages taken out of the ring, held for stuckGets
-	// Gets; each holds the pool's reference. Get looks at one per call,
-	// in turn (parkNext), and hands it out once its borrower let go. Its
-	// capacity is the ring's.
+	// parked holds held pages of a Memory taken out of the ring by
+	// compact; each holds the pool's reference. Get looks at one per call,
+	// in turn (parkNext), and hands it out once it is free. Its capacity
+	// is the ring's.
 	parked      []*Page
 	parkNext    int
 	clogged     int       // Gets in a row that found the ring's head held, up to stuckGets
