@@ -22,7 +22,7 @@
 //     Gets, or all the held pages at the head once it has been held that
 //     long, are moved out of the way: heap pages are released (the pool
 //     forgets them; their last holder frees them), pages of a Memory are
-//     parked: kept, counted, and looked at one per Get until they are
+//     parked: kept, counted, and looked at a few per Get until they are
 //     free, since they may be lent (now, or by a frag's holder later) and
 //     nothing else accounts for the memory a borrower pins.
 //   - Pages are allocated at the highest order that fits the memory limit:
@@ -188,8 +188,8 @@ type Config struct {
 //     out of the way and released (the pool forgets them; they are freed
 //     when their last frag is). Kernel: recycle_released_refcnt.
 //   - rx_pp_ring_park_held (RingParkHeld): held pages of a Memory moved
-//     out of the way onto the parked list, where Get looks at one per call
-//     and reuses it once free. Not in the kernel.
+//     out of the way onto the parked list, where Get looks at a few per
+//     call and reuses them once free. Not in the kernel.
 //   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
 //     (a gauge): the memory the pool's borrowers may pin. Not in the
 //     kernel.
@@ -272,8 +272,8 @@ type Pool struct {
 	ring        []*Page
 	head, count int
 	// parked holds held pages of a Memory taken out of the ring by
-	// compact; each holds the pool's reference. Get looks at one per call,
-	// in turn (parkNext), and hands it out once it is free. Its capacity
+	// compact; each holds the pool's reference. Get looks at a few per
+	// call, in turn (parkNext), and hands one out once it is free. Its capacity
 	// is the ring's.
 	parked      []*Page
 	parkNext    int
@@ -392,8 +392,8 @@ func (p *Pool) PageBytes() int { return p.base << p.order.Load() }
 func (p *Pool) Order() int { return int(p.order.Load()) }
 
 // Get returns a page holding one reference, the caller's, or ErrExhausted.
-// Its contents are undefined. The page is a parked one whose borrower let
-// go (one is looked at per call), else the oldest of the first skipWindow
+// Its contents are undefined. The page is a parked one that is free again
+// (up to skipWindow are looked at per call), else the oldest of the first skipWindow
 // pages of the ring whose other references were all dropped, else a new
 // one; held pages are moved out of the ring's way (see the package doc),
 // so that they never stop recycling. Lent pages stay the pool's until
@@ -506,32 +506,33 @@ func (p *Pool) compact() {
 	p.count -= w
 }
 
-// unpark looks at one parked page, in turn, and hands it out if its
-// borrower let go; else it returns nil.
+// unpark looks at up to skipWindow parked pages, in turn, and hands out
+// the first that is free; else it returns nil. Most parked pages were held
+// by packets in flight, and are free again soon.
 func (p *Pool) unpark(size int) *Page {
-	if len(p.parked) == 0 {
-		return nil
+	for range min(len(p.parked), skipWindow) {
+		if p.parkNext >= len(p.parked) {
+			p.parkNext = 0
+		}
+		i := p.parkNext
+		pg := p.parked[i]
+		if !p.free(pg) {
+			p.parkNext++
+			continue
+		}
+		last := len(p.parked) - 1
+		p.parked[i], p.parked[last] = p.parked[last], nil
+		p.parked = p.parked[:last]
+		if len(pg.buf) != size {
+			pg.state.And(^ringBit)
+			p.waive.Add(1)
+			pg.DecRef() // the pool's reference
+			continue
+		}
+		p.reuse(pg)
+		return pg
 	}
-	if p.parkNext >= len(p.parked) {
-		p.parkNext = 0
-	}
-	i := p.parkNext
-	pg := p.parked[i]
-	if !p.free(pg) {
-		p.parkNext++
-		return nil
-	}
-	last := len(p.parked) - 1
-	p.parked[i], p.parked[last] = p.parked[last], nil
-	p.parked = p.parked[:last]
-	if len(pg.buf) != size {
-		pg.state.And(^ringBit)
-		p.waive.Add(1)
-		pg.DecRef() // the pool's reference
-		return nil
-	}
-	p.reuse(pg)
-	return pg
+	return nil
 }
 
 // free reports whether pg, a page of the ring, can be handed out again: no

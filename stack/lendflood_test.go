@@ -182,14 +182,15 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 		return true
 	})
 
-	wireReads := func() uint64 { return counterMap(rx)["rx_wire_reads"] }
+	// Frames the poll loop built packets from: delivered, or dropped.
+	built := func() uint64 { return counterMap(rx)["rx_packets"] }
 	segs := func() uint64 { return rx.ip.Stats().TCP.ValidSegmentsReceived.Value() }
 	segsBefore := segs()
 	filler := fillerFrame()
 	payload := make([]byte, size)
 	var res floodResult
 	const batch = 512 // frames, well under the wire's depth
-	sent, readsBefore := 0, wireReads()
+	sent, builtBefore := 0, built()
 	for k := range perConn {
 		for i, p := range ports {
 			c := known[i]
@@ -206,9 +207,11 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 			sent += len(frames)
 			if sent%batch < len(frames) || k == perConn-1 && i == len(ports)-1 {
 				// Let the receiver catch up (the wire drops what does not
-				// fit): it has read every frame sent so far.
-				floodWait(t, "the receiver to read what was sent", func() bool {
-					return wireReads() >= readsBefore+uint64(sent) || b.Dropped() > 0
+				// fit): its poll loop has had every frame sent so far, so
+				// that the pages in flight are a batch's whatever its
+				// speed.
+				floodWait(t, "the receiver to take what was sent", func() bool {
+					return built() >= builtBefore+uint64(sent) || b.Dropped() > 0
 				})
 				res.peakPages = max(res.peakPages, int64(pool.InUse()))
 			}
