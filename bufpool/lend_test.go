@@ -2,6 +2,7 @@ package bufpool
 
 import (
 	"bytes"
+	"fmt"
 	"sync"
 	"testing"
 )
@@ -143,4 +144,154 @@ func TestMemoryFallback(t *testing.T) {
 	if _, err := p.Get(); err != ErrExhausted {
 		t.Errorf("Get with no memory: got %v, want ErrExhausted", err)
 	}
+}
+
+// TestHeldPageDoesNotStopRecycling: pages held forever at the head of the
+// ring (lent to a borrower that keeps them, as an idle socket or an
+// application View does, or with a frag kept) do not stop the pages behind
+// them from being recycled: Gets keep being served from the ring and
+// allocations stay bounded. One held page is stepped over; more than
+// skipWindow are moved out of the way (parked if lent, else released) once
+// held for stuckGets Gets. Before, every Get allocated behind a held head
+// and the ring filled.
+func TestHeldPageDoesNotStopRecycling(t *testing.T) {
+	for _, tc := range []struct {
+		lent, heap bool
+		held       int
+	}{
+		{true, false, 1}, {false, false, 1}, {false, true, 1},
+		{true, false, 2 * skipWindow}, {false, false, 2 * skipWindow}, {false, true, 2 * skipWindow},
+	} {
+		name := fmt.Sprintf("frag kept/%d", tc.held)
+		switch {
+		case tc.lent:
+			name = fmt.Sprintf("lent, borrower keeps it/%d", tc.held)
+		case tc.heap:
+			name = fmt.Sprintf("frag kept, heap/%d", tc.held)
+		}
+		t.Run(name, func(t *testing.T) {
+			const ring, packets = 64, 10000
+			mem := &fakeMemory{}
+			cfg := Config{Memory: mem, RingSize: ring, Poison: true}
+			if tc.heap {
+				cfg.Memory = nil
+			}
+			p := newTestPool(t, cfg)
+			var held []*Page
+			isHeld := map[*Page]bool{}
+			for range tc.held {
+				pg := mustGet(t, p)
+				pg.IncRef() // its frag
+				if tc.lent {
+					pg.Lend()
+					mem.setBusy(pg, true)
+				}
+				p.Recycle(pg)
+				if tc.lent {
+					pg.DecRef() // the frag is back; the borrower keeps the memory
+				}
+				held = append(held, pg)
+				isHeld[pg] = true
+			}
+			for i := range packets {
+				pg := mustGet(t, p)
+				if isHeld[pg] {
+					t.Fatalf("packet %d: Get handed out a held page", i)
+				}
+				pg.IncRef() // a frag, released once delivered
+				p.Recycle(pg)
+				pg.DecRef()
+			}
+			st := p.Stats()
+			t.Logf("alloc_fast %d, alloc_slow %d, skip_held %d, release_held %d, ring_full %d",
+				st.AllocFast, st.AllocSlow, st.RingSkipHeld, st.RingReleaseHeld, st.RecycleRingFull)
+			maxSlow := uint64(3)
+			if tc.held > skipWindow {
+				// Each window of held pages costs stuckGets allocations.
+				maxSlow = uint64(tc.held+(tc.held/skipWindow+1)*stuckGets) + 3
+			}
+			if st.AllocSlow > maxSlow {
+				t.Errorf("rx_pp_alloc_slow: got %d, want at most %d (the ring keeps serving Gets)", st.AllocSlow, maxSlow)
+			}
+			if st.AllocFast < packets-maxSlow {
+				t.Errorf("rx_pp_alloc_fast: got %d, want at least %d", st.AllocFast, packets-maxSlow)
+			}
+			if moved := st.RingSkipHeld + st.RingParkHeld + st.RingReleaseHeld; moved == 0 {
+				t.Error("rx_pp_ring_skip_held + rx_pp_ring_park_held + rx_pp_ring_release_held: got 0, want > 0")
+			}
+			if tc.lent {
+				// Lent pages stay the pool's (in the ring or parked),
+				// counted, until their borrower lets go; then they are
+				// reused.
+				if st.RingReleaseHeld != 0 || st.LentPages != int64(tc.held) || st.LentBusy == 0 {
+					t.Errorf("release_held %d, lent_current %d, lent_busy %d: want 0, %d, > 0",
+						st.RingReleaseHeld, st.LentPages, st.LentBusy, tc.held)
+				}
+				for _, pg := range held {
+					mem.setBusy(pg, false)
+				}
+				reused := map[*Page]bool{}
+				for range 2 * ring {
+					pg := mustGet(t, p)
+					if isHeld[pg] {
+						reused[pg] = true
+					}
+					p.Recycle(pg)
+				}
+				if len(reused) != tc.held {
+					t.Errorf("lent pages reused once their borrower let go: got %d, want %d", len(reused), tc.held)
+				}
+				if n := p.LentPages(); n != 0 {
+					t.Errorf("rx_pp_lent_current after reuse: got %d, want 0", n)
+				}
+				return
+			}
+			// More than a window of them clogged it: those were let go
+			// (heap pages) or parked (a Memory's, which may be lent yet).
+			moved := st.RingParkHeld
+			if tc.heap {
+				moved = st.RingReleaseHeld
+			}
+			if tc.held > skipWindow && moved < uint64(tc.held-skipWindow) {
+				t.Errorf("pages parked (Memory) or released (heap): got %d, want at least %d", moved, tc.held-skipWindow)
+			}
+			before := p.Stats().InUse
+			for _, pg := range held {
+				pg.DecRef()
+			}
+			// Let go by the ring, the kept pages are freed by their frags.
+			if got, want := p.Stats().InUse, before-int64(st.RingReleaseHeld); got != want {
+				t.Errorf("pages in use after the kept frags' release: got %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestLendWithoutMemoryBehindHead: lent heap pages behind a held head, in
+// the window Get looks at and in the pages it compacts, are let go, never
+// reused (nobody can tell when their borrower is done).
+func TestLendWithoutMemoryBehindHead(t *testing.T) {
+	p := newTestPool(t, Config{RingSize: 64})
+	head := mustGet(t, p)
+	head.IncRef() // kept
+	p.Recycle(head)
+	var lent []*Page
+	for range 4 {
+		pg := mustGet(t, p)
+		pg.IncRef()
+		p.Recycle(pg)
+		pg.Lend() // by the frag's holder, once in the ring
+		pg.DecRef()
+		lent = append(lent, pg)
+	}
+	for range 2 * stuckGets {
+		pg := mustGet(t, p)
+		for _, l := range lent {
+			if pg == l {
+				t.Fatal("Get handed out a lent heap page")
+			}
+		}
+		p.Recycle(pg)
+	}
+	head.DecRef()
 }

@@ -13,7 +13,18 @@
 //     that the NIC cannot write to, still read by packets in flight.
 //   - Get looks at the oldest page of the ring. If only the pool's reference
 //     is left (every frag was released), the page is handed out again, the
-//     same *Page; otherwise Get does not wait and allocates a new page.
+//     same *Page. A page still held (a frag out, or a lent page its borrower
+//     keeps) does not stop the pages behind it, as a held page does not
+//     stop page_pool's ring (page_pool_recycle_in_ring takes only pages
+//     whose page_ref_count is one; __page_pool_put_page releases the
+//     others): Get hands out the first free page of the next few instead,
+//     and allocates only if they are all held. Pages held for stuckGets
+//     Gets, or all the held pages at the head once it has been held that
+//     long, are moved out of the way: heap pages are released (the pool
+//     forgets them; their last holder frees them), pages of a Memory are
+//     parked: kept, counted, and looked at a few per Get until they are
+//     free, since they may be lent (now, or by a frag's holder later) and
+//     nothing else accounts for the memory a borrower pins.
 //   - Pages are allocated at the highest order that fits the memory limit:
 //     Config.Order first, one order lower after each failure, and one order
 //     higher again every RecoverInterval (mlx4's rx_alloc_order and
@@ -168,9 +179,20 @@ type Config struct {
 //   - rx_pp_bytes_held (BytesHeld): the bytes of those pages (a gauge).
 //   - rx_pp_lent (Lent): times a page was lent with Lend. Not in the
 //     kernel.
-//   - rx_pp_lent_busy (LentBusy): Gets that found the oldest ring page
-//     lent and still held by its borrower, and allocated instead (counted
-//     in rx_pp_alloc_refill too). Not in the kernel.
+//   - rx_pp_lent_busy (LentBusy): times Get found a ring page lent and
+//     still held by its borrower. Not in the kernel.
+//   - rx_pp_ring_skip_held (RingSkipHeld): Gets that served a page from
+//     behind a held oldest page. Kernel: none (page_pool never queues a
+//     held page).
+//   - rx_pp_ring_release_held (RingReleaseHeld): held heap pages moved
+//     out of the way and released (the pool forgets them; they are freed
+//     when their last frag is). Kernel: recycle_released_refcnt.
+//   - rx_pp_ring_park_held (RingParkHeld): held pages of a Memory moved
+//     out of the way onto the parked list, where Get looks at a few per
+//     call and reuses them once free. Not in the kernel.
+//   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
+//     (a gauge): the memory the pool's borrowers may pin. Not in the
+//     kernel.
 //
 // Allocated equals InUse; it stays for callers that read it. PageBytes is the
 // size of the pages Get allocates at the current order.
@@ -196,6 +218,10 @@ type Stats struct {
 	PageBytes          int
 	Lent               uint64
 	LentBusy           uint64
+	RingSkipHeld       uint64
+	RingReleaseHeld    uint64
+	RingParkHeld       uint64
+	LentPages          int64
 }
 
 // Each calls fn for every counter, named as above, in the documented order.
@@ -218,6 +244,10 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_bytes_held", uint64(s.BytesHeld))
 	fn("rx_pp_lent", s.Lent)
 	fn("rx_pp_lent_busy", s.LentBusy)
+	fn("rx_pp_ring_skip_held", s.RingSkipHeld)
+	fn("rx_pp_ring_release_held", s.RingReleaseHeld)
+	fn("rx_pp_ring_park_held", s.RingParkHeld)
+	fn("rx_pp_lent_current", uint64(s.LentPages))
 }
 
 // cacheLine separates fields written by different goroutines; 128 covers
@@ -241,6 +271,13 @@ type Pool struct {
 	// pages from head, each holding one reference, the pool's.
 	ring        []*Page
 	head, count int
+	// parked holds held pages of a Memory taken out of the ring by
+	// compact; each holds the pool's reference. Get looks at a few per
+	// call, in turn (parkNext), and hands one out once it is free. Its capacity
+	// is the ring's.
+	parked      []*Page
+	parkNext    int
+	clogged     int       // Gets in a row that found the ring's head held, up to stuckGets
 	lastRecover time.Time // last order change (fallback or recovery)
 
 	order atomic.Int32 // current allocation order; written by the owner
@@ -249,12 +286,12 @@ type Pool struct {
 	// Written by the owner only.
 	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
 	cached, ringFull, fallbacks, recoveries    atomic.Uint64
-	lentBusy                                   atomic.Uint64
+	lentBusy, skipHeld, releaseHeld, parkHeld  atomic.Uint64
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
-	released, lent   atomic.Uint64
-	inUse, bytesHeld atomic.Int64
+	released, lent            atomic.Uint64
+	inUse, bytesHeld, lentOut atomic.Int64
 }
 
 // Page is one page of packet memory with a reference count.
@@ -272,9 +309,12 @@ type Page struct {
 	// lent is set by Lend and cleared when Get reuses the page: its memory
 	// may be held by someone the count does not see; it is not poisoned.
 	lent atomic.Bool
-	buf  []byte
-	mem  any // Config.Memory's handle
-	pool *Pool
+	// heldFor counts the Gets that found the page held near the head of
+	// the ring, up to stuckGets; the owner's.
+	heldFor uint16
+	buf     []byte
+	mem     any // Config.Memory's handle
+	pool    *Pool
 }
 
 // pageStructs recycles the Page structs of pages backed by Config.Memory,
@@ -335,6 +375,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if !cfg.NoRecycle {
 		p.ring = make([]*Page, cfg.RingSize)
+		if cfg.Memory != nil {
+			p.parked = make([]*Page, 0, cfg.RingSize)
+		}
 	}
 	p.order.Store(int32(cfg.Order))
 	return p, nil
@@ -349,15 +392,23 @@ func (p *Pool) PageBytes() int { return p.base << p.order.Load() }
 func (p *Pool) Order() int { return int(p.order.Load()) }
 
 // Get returns a page holding one reference, the caller's, or ErrExhausted.
-// Its contents are undefined. The page is the oldest of the ring if every
-// other reference to it was dropped, else a new one. Only the pool's owner
-// may call Get. It does not allocate when it reuses a page.
+// Its contents are undefined. The page is a parked one that is free again
+// (up to skipWindow are looked at per call), else the oldest of the first skipWindow
+// pages of the ring whose other references were all dropped, else a new
+// one; held pages are moved out of the ring's way (see the package doc),
+// so that they never stop recycling. Lent pages stay the pool's until
+// their borrower lets go: a caller bounds them with LentPages. Only the
+// pool's owner may call Get. It does not allocate when it reuses a page.
 func (p *Pool) Get() (*Page, error) {
 	order := p.order.Load()
 	if order < p.maxOrder {
 		order = p.raiseOrder(order)
 	}
 	size := p.base << order
+	if pg := p.unpark(size); pg != nil {
+		return pg, nil
+	}
+	compacted := false
 	for p.count > 0 {
 		pg := p.ring[p.head]
 		if pg.lent.Load() && p.mem == nil {
@@ -374,32 +425,184 @@ func (p *Pool) Get() (*Page, error) {
 			pg.DecRef() // the pool's reference
 			continue
 		}
-		if pg.state.Load() != ringBit|1 {
-			// Frags of the oldest page are still out: don't wait for them.
+		if p.free(pg) {
+			p.reuse(pg) // before pop: a corrupt page stays for Close
+			p.pop()
+			p.clogged = 0
+			return pg, nil
+		}
+		// The oldest page is held. Serve the first free one of the next
+		// few, which takes the held page's slot: it stays near the head.
+		pg.held()
+		n := min(p.count, skipWindow)
+		for i := 1; i < n; i++ {
+			j := p.head + i
+			if j >= len(p.ring) {
+				j -= len(p.ring)
+			}
+			q := p.ring[j]
+			if len(q.buf) != size || !p.free(q) {
+				q.held()
+				continue
+			}
+			p.reuse(q)
+			p.ring[j] = pg
+			p.pop()
+			p.clogged = 0
+			p.skipHeld.Add(1)
+			return q, nil
+		}
+		if pg.heldFor < stuckGets && p.clogged < stuckGets || compacted {
+			// Held, but maybe not for long: don't wait for it.
+			if p.clogged < stuckGets {
+				p.clogged++
+			}
 			p.refill.Add(1)
 			break
 		}
-		if pg.lent.Load() {
-			// Its frags are back; its borrower may still hold the memory.
-			// Nobody can start holding it now: the borrower only takes
-			// more from what it holds.
-			if p.mem.Busy(pg.mem) {
-				p.lentBusy.Add(1)
-				p.refill.Add(1)
-				break
-			}
-			pg.lent.Store(false)
-		}
-		if pg.poisoned {
-			pg.checkPoison() // before pop: a corrupt page stays for Close
-			pg.poisoned = false
-		}
-		p.pop()
-		pg.state.Store(1) // the pool's reference becomes the caller's
-		p.fast.Add(1)
-		return pg, nil
+		// Held for stuckGets Gets, or the head of the ring has been for
+		// that long: the held pages near the head go out of the way.
+		p.compact()
+		compacted = true
 	}
 	return p.alloc(order)
+}
+
+// compact takes the held pages out of the first maxMoves of the ring,
+// keeping the others in order. Heap pages are released, as
+// __page_pool_put_page releases a page whose page_ref_count is not one
+// (their frags keep them until the last one's DecRef releases them).
+// Pages of a Memory are parked instead: they may be lent, or lent later by
+// a frag's holder, and released their memory would go on being pinned by
+// the borrower, uncounted. With the parked list full they stay.
+func (p *Pool) compact() {
+	m := min(p.count, maxMoves)
+	at := func(i int) int {
+		if i += p.head; i >= len(p.ring) {
+			i -= len(p.ring)
+		}
+		return i
+	}
+	w := m // the kept pages move to the back of the m slots, in order
+	for i := m - 1; i >= 0; i-- {
+		pg := p.ring[at(i)]
+		p.ring[at(i)] = nil
+		switch {
+		case p.free(pg):
+		case p.mem == nil:
+			pg.state.And(^ringBit)
+			p.releaseHeld.Add(1)
+			pg.DecRef() // the pool's reference
+			continue
+		case len(p.parked) < cap(p.parked):
+			p.parked = append(p.parked, pg)
+			p.parkHeld.Add(1)
+			continue
+		}
+		w--
+		p.ring[at(w)] = pg
+	}
+	p.head = at(w)
+	p.count -= w
+}
+
+// unpark looks at up to skipWindow parked pages, in turn, and hands out
+// the first that is free; else it returns nil. Most parked pages were held
+// by packets in flight, and are free again soon.
+func (p *Pool) unpark(size int) *Page {
+	for range min(len(p.parked), skipWindow) {
+		if p.parkNext >= len(p.parked) {
+			p.parkNext = 0
+		}
+		i := p.parkNext
+		pg := p.parked[i]
+		if !p.free(pg) {
+			p.parkNext++
+			continue
+		}
+		last := len(p.parked) - 1
+		p.parked[i], p.parked[last] = p.parked[last], nil
+		p.parked = p.parked[:last]
+		if len(pg.buf) != size {
+			pg.state.And(^ringBit)
+			p.waive.Add(1)
+			pg.DecRef() // the pool's reference
+			continue
+		}
+		p.reuse(pg)
+		return pg
+	}
+	return nil
+}
+
+// free reports whether pg, a page of the ring, can be handed out again: no
+// frag of it is out and, if it was lent, its borrower let go (then it is
+// lent no more).
+func (p *Pool) free(pg *Page) bool {
+	if pg.state.Load() != ringBit|1 {
+		return false // frags still out
+	}
+	if pg.lent.Load() {
+		// Its frags are back; its borrower may still hold the memory.
+		// Nobody can start holding it now: the borrower only takes more
+		// from what it holds. Without a Memory, nobody can tell.
+		if p.mem == nil || p.mem.Busy(pg.mem) {
+			p.lentBusy.Add(1)
+			return false
+		}
+		pg.lent.Store(false)
+		p.lentOut.Add(-1)
+	}
+	return true
+}
+
+// reuse readies pg, a free page of the ring, to be handed out: the caller
+// takes it out of the ring.
+func (p *Pool) reuse(pg *Page) {
+	if pg.poisoned {
+		pg.checkPoison()
+		pg.poisoned = false
+	}
+	pg.heldFor = 0
+	pg.state.Store(1) // the pool's reference becomes the caller's
+	p.fast.Add(1)
+}
+
+// held counts one more Get that found pg held.
+func (pg *Page) held() {
+	if pg.heldFor < stuckGets {
+		pg.heldFor++
+	}
+}
+
+// skipWindow is how many pages from the head of the ring Get looks at for
+// a free one: enough to step over a few pages held by idle sockets or
+// applications, few enough that a ring of held pages costs a Get little.
+const skipWindow = 8
+
+// maxMoves is how many pages from the head one Get compacts at most, a
+// pointer move each: a cluster of held pages (the pages idle sockets hold)
+// is passed in a few Gets rather than costing stuckGets allocations per
+// skipWindow of them.
+const maxMoves = 64
+
+// stuckGets is how many Gets must find a page held near the head, or find
+// the head of the ring held, before the held pages there are moved out of
+// the way: onto the parked list if lent, else out of the pool. Pages held for a short while (packets in flight, a socket's
+// unread data a reader is catching up with) are best reused where they
+// are, in order; a page that stays held while this many pages go by is
+// held by someone who may never let go.
+const stuckGets = 128
+
+// push appends pg, which holds the pool's reference, to the ring's tail.
+// The ring must have room.
+func (p *Pool) push(pg *Page) {
+	i := p.head + p.count
+	if i >= len(p.ring) {
+		i -= len(p.ring)
+	}
+	p.ring[i] = pg
+	p.count++
 }
 
 // raiseOrder raises the allocation order by one if RecoverInterval has
@@ -457,7 +660,7 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 			pg = pageStructs.Get().(*Page)
 			pg.buf, pg.mem, pg.pool, pg.poison = b[:size], h, p, p.poison
 			pg.lent.Store(false)
-			pg.poisoned = false
+			pg.poisoned, pg.heldFor = false, 0
 			break
 		}
 		if b != nil {
@@ -512,12 +715,7 @@ func (p *Pool) Recycle(pg *Page) {
 		// The retiring owner was the last holder: no one else can touch it.
 		pg.fillPoison()
 	}
-	i := p.head + p.count
-	if i >= len(p.ring) {
-		i -= len(p.ring)
-	}
-	p.ring[i] = pg
-	p.count++
+	p.push(pg)
 	p.cached.Add(1)
 }
 
@@ -542,6 +740,12 @@ func (p *Pool) Close() {
 		pg.state.And(^ringBit)
 		pg.DecRef()
 	}
+	for i, pg := range p.parked {
+		p.parked[i] = nil
+		pg.state.And(^ringBit)
+		pg.DecRef()
+	}
+	p.parked = p.parked[:0]
 }
 
 // Stats returns a snapshot of the pool's counters, from any goroutine. The
@@ -575,6 +779,10 @@ func (p *Pool) Stats() Stats {
 		PageBytes:          p.base << order,
 		Lent:               p.lent.Load(),
 		LentBusy:           p.lentBusy.Load(),
+		RingSkipHeld:       p.skipHeld.Load(),
+		RingReleaseHeld:    p.releaseHeld.Load(),
+		RingParkHeld:       p.parkHeld.Load(),
+		LentPages:          p.lentOut.Load(),
 	}
 }
 
@@ -624,6 +832,11 @@ func (pg *Page) DecRef() {
 		panic("bufpool: DecRef dropped the pool's reference on a page in its ring")
 	}
 	p := pg.pool
+	if pg.lent.Load() {
+		// Nobody else can clear it: the page has no holder left.
+		pg.lent.Store(false)
+		p.lentOut.Add(-1)
+	}
 	p.released.Add(1)
 	p.inUse.Add(-1)
 	p.bytesHeld.Add(-int64(len(pg.buf)))
@@ -645,11 +858,16 @@ func (pg *Page) Lend() bool {
 		return false
 	}
 	pg.pool.lent.Add(1)
+	pg.pool.lentOut.Add(1)
 	return true
 }
 
 // Lent reports whether the page was lent.
 func (pg *Page) Lent() bool { return pg.lent.Load() }
+
+// LentPages returns the number of pages lent now (rx_pp_lent_current): lent
+// with Lend and not yet reused or released. From any goroutine.
+func (p *Pool) LentPages() int { return int(p.lentOut.Load()) }
 
 // Mem returns the handle Config.Memory gave for the page's memory (nil for
 // Go heap pages).

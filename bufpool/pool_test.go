@@ -231,12 +231,16 @@ func TestQuarantine(t *testing.T) {
 		// want: which recycled pages the next Gets return (-1: a new one)
 		want     []int
 		ringFull uint64
+		// releasedHeld: held pages Get let go, held for stuckGets Gets.
+		releasedHeld uint64
 	}{
-		{"fifo", 4, 4, nil, []int{0, 1, 2, 3, -1}, 0},
-		{"ring full", 4, 6, nil, []int{0, 1, 2, 3, -1, -1}, 2},
-		{"ring full, dropped pages held", 2, 4, []int{2, 3}, []int{0, 1, -1}, 2},
-		{"oldest busy, next free", 4, 2, []int{0}, []int{-1, -1}, 0},
-		{"middle busy", 4, 3, []int{1}, []int{0, -1, -1}, 0},
+		{"fifo", 4, 4, nil, []int{0, 1, 2, 3, -1}, 0, 0},
+		{"ring full", 4, 6, nil, []int{0, 1, 2, 3, -1, -1}, 2, 0},
+		{"ring full, dropped pages held", 2, 4, []int{2, 3}, []int{0, 1, -1}, 2, 0},
+		// A held page does not stop the ones behind it (page_pool).
+		{"oldest busy, next free", 4, 2, []int{0}, []int{1, -1}, 0, 0},
+		{"middle busy", 4, 3, []int{1}, []int{0, 2, -1}, 0, 0},
+		{"two busy", 4, 4, []int{0, 2}, []int{1, 3, -1}, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPool(t, Config{RingSize: tc.ring, Poison: true})
@@ -292,8 +296,11 @@ func TestQuarantine(t *testing.T) {
 			for _, i := range tc.held {
 				pages[i].DecRef()
 			}
-			if got, want := p.Stats().RecycleReleasedRef, uint64(dropped); got != want {
+			if got, want := p.Stats().RecycleReleasedRef, uint64(dropped)+tc.releasedHeld; got != want {
 				t.Errorf("rx_pp_recycle_released_ref after the frags: got %d, want %d", got, want)
+			}
+			if got := p.Stats().RingReleaseHeld; got != tc.releasedHeld {
+				t.Errorf("rx_pp_ring_release_held: got %d, want %d", got, tc.releasedHeld)
 			}
 			for _, pg := range got {
 				pg.DecRef()
@@ -677,7 +684,8 @@ func TestStatsEach(t *testing.T) {
 		AllocFast: 1, AllocSlow: 2, AllocSlowHighOrder: 3, AllocEmpty: 4, AllocRefill: 5,
 		AllocWaive: 6, RecycleCached: 7, RecycleCacheFull: 8, RecycleRing: 9, RecycleRingFull: 10,
 		RecycleReleasedRef: 11, OrderFallbacks: 12, OrderRecoveries: 13, AllocOrder: 14,
-		InUse: 15, BytesHeld: 16, Lent: 17, LentBusy: 18, Allocated: 99, Recycled: 99, PageBytes: 99,
+		InUse: 15, BytesHeld: 16, Lent: 17, LentBusy: 18, RingSkipHeld: 19, RingReleaseHeld: 20,
+		RingParkHeld: 21, LentPages: 22, Allocated: 99, Recycled: 99, PageBytes: 99,
 	}
 	want := []string{
 		"rx_pp_alloc_fast", "rx_pp_alloc_slow", "rx_pp_alloc_slow_high_order", "rx_pp_alloc_empty",
@@ -685,6 +693,7 @@ func TestStatsEach(t *testing.T) {
 		"rx_pp_recycle_ring", "rx_pp_recycle_ring_full", "rx_pp_recycle_released_ref",
 		"rx_pp_order_fallbacks", "rx_pp_order_recoveries", "rx_pp_alloc_order",
 		"rx_pp_pages_in_use", "rx_pp_bytes_held", "rx_pp_lent", "rx_pp_lent_busy",
+		"rx_pp_ring_skip_held", "rx_pp_ring_release_held", "rx_pp_ring_park_held", "rx_pp_lent_current",
 	}
 	var got []string
 	st.Each(func(name string, v uint64) {

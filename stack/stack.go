@@ -94,6 +94,13 @@ type Config struct {
 	// copied once into gVisor. With Driver.Pool set, that pool must have
 	// been made with Memory: NewChunkMemory() (New does it otherwise).
 	ZeroCopy bool
+	// ZeroCopyMaxLent bounds the pages zero copy lends to gVisor at once
+	// (rx_pp_lent_current): past it, frags of pages not lent yet are
+	// copied (zc_frags_copied_over_limit), so that what a peer makes
+	// gVisor hold (out-of-order segments, fragments, unread data) cannot
+	// pin more pages. 0: as many as the pool's ring holds (lent pages wait
+	// in the ring, or on the pool's parked list of the same size).
+	ZeroCopyMaxLent int
 }
 
 // DefaultTCPReceiveBufferMax is Config.TCPReceiveBufferMax's default, 32
@@ -170,7 +177,7 @@ func New(cfg Config) (s *Stack, err error) {
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
 	ep.pcap = cfg.Pcap
 	if cfg.ZeroCopy {
-		ep.lend = new(lendStats)
+		ep.lend = newLendStats(drv.Pool(), cfg.ZeroCopyMaxLent)
 	}
 	ep.epoch = time.Now()
 	if !cfg.NoGRO {

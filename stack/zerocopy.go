@@ -1,12 +1,13 @@
 package stack
 
 import (
-	"reflect"
+	"log"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
@@ -47,8 +48,6 @@ func NewChunkMemory() bufpool.Memory { return newViewMemory() }
 // to 64 KB, powers of two) at least 4 KB-aligned, so a page covers whole
 // granules and a granule belongs to one page; Alloc checks it.
 const granule = 4096
-
-func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 func (m *viewMemory) Alloc(size int) ([]byte, any) {
 	if size > buffer.MaxChunkSize {
@@ -111,111 +110,125 @@ func (m *viewMemory) view(b []byte) *buffer.View {
 	return v
 }
 
-// chunkRefs reads the reference count of v's chunk, which gVisor keeps
-// private: the pool must know whether gVisor still holds a lent page before
-// the NIC writes into it again. The field offsets come from reflect, and
-// are checked once against a chunk whose count is known; if gVisor's layout
-// ever changes, ok is false and lent pages are simply never reused.
-func chunkRefs(v *buffer.View) (n int64, ok bool) {
-	if !refsLayout.ok {
-		return 0, false
-	}
-	c := *(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(v), refsLayout.chunk))
-	if c == nil {
-		return 0, false
-	}
-	// The low 32 bits are the real references (the high ones speculative).
-	return atomic.LoadInt64((*int64)(unsafe.Add(c, refsLayout.refs))) & 0xffffffff, true
-}
+// lendMinBytes is the shortest packet payload lent to gVisor; shorter ones
+// are copied. Lending costs a view clone per frag and pins each frag's
+// whole page (4 to 64 KB) for as long as gVisor keeps the bytes, while
+// gVisor charges a segment, out of order or in a reassembly queue, about
+// its data size: a peer sending 1-byte segments would pin a page per byte.
+// Copying costs a memmove and a small chunk. BenchmarkLendVsCopy, on the
+// loaded 2-core test machine (go test -run X -bench LendVsCopy -count 12
+// -cpu 1 -benchtime 200000x ./stack/; ns/op, min and median of 12):
+//
+//	payload   64       256      512      1024     1448     4096
+//	lend      240/523  189/206  184/204  169/233  170/208  217/226
+//	copy      198/322  210/232  210/289  173/244  327/332  348/357
+//
+// Up to 1 KB the two are within the noise of each other; from a full-size
+// TCP segment (1448 B at MTU 1500) on, lending is cheaper by a third or
+// more. So copy below 1 KB, where it costs no more and pins no page.
+// TestLendSmallCopied pins it. The rule is per packet,
+// not per frag: a frame split over two pages leaves a short frag on a page
+// that the frame's other frags (and its neighbours) pin anyway.
+const lendMinBytes = 1024
 
-// refsLayout is where the chunk pointer sits in a buffer.View, and the
-// 64-bit count in a chunk.
-var refsLayout struct {
-	chunk, refs uintptr
-	ok          bool
-}
-
-func init() {
-	vt := reflect.TypeFor[buffer.View]()
-	cf, ok := vt.FieldByName("chunk")
-	if !ok || cf.Type.Kind() != reflect.Pointer || cf.Type.Elem().Kind() != reflect.Struct {
-		return
-	}
-	off, ok := fieldOffset(cf.Type.Elem(), "refCount", "value")
-	if !ok {
-		return
-	}
-	refsLayout.chunk, refsLayout.refs, refsLayout.ok = cf.Offset, off, true
-	// Check it: a new chunk has 1 reference, a clone makes 2.
-	v := buffer.NewViewSize(64)
-	c := v.Clone()
-	n2, _ := chunkRefs(v)
-	c.Release()
-	n1, _ := chunkRefs(v)
-	v.Release()
-	if n2 != 2 || n1 != 1 {
-		refsLayout.ok = false
-	}
-}
-
-// fieldOffset returns the offset of the int64 t.outer.inner, following
-// embedded fields.
-func fieldOffset(t reflect.Type, outer, inner string) (uintptr, bool) {
-	of, ok := t.FieldByName(outer)
-	if !ok {
-		return 0, false
-	}
-	off := uintptr(0)
-	for i := range of.Index {
-		f := t.FieldByIndex(of.Index[:i+1])
-		off += f.Offset
-	}
-	if of.Type.Kind() != reflect.Struct {
-		return 0, false
-	}
-	inf, ok := of.Type.FieldByName(inner)
-	if !ok || inf.Type.Kind() != reflect.Int64 || len(inf.Index) != 1 {
-		return 0, false
-	}
-	return off + inf.Offset, true
-}
-
-// lendStats count the zero-copy hand-off.
+// lendStats decides, frag by frag, between lending and copying, and counts
+// the zero-copy hand-off. Its zero value lends every frag of a chunk page
+// (unit tests); newLendStats sets the stack's limits. Used by the poll loop
+// and the cpumap workers at once: the counters are atomic, the rest fixed.
 type lendStats struct {
-	views  atomic.Uint64 // frags handed to gVisor as views
-	copied atomic.Uint64 // frags copied (their page is not a chunk)
+	minLend  int           // frags shorter than this are copied
+	maxLent  int           // pages lent at once, at most (0: no bound)
+	pool     *bufpool.Pool // whose LentPages maxLent bounds
+	noLayout bool          // gVisor's chunk layout is unknown: copy all
+	ipFrags  bool          // copy IP fragments
+
+	views        atomic.Uint64 // frags handed to gVisor as views
+	copied       atomic.Uint64 // frags copied: their page is not a chunk
+	copiedSmall  atomic.Uint64 // frags copied: shorter than minLend
+	copiedBound  atomic.Uint64 // frags copied: maxLent pages were lent
+	copiedFrag   atomic.Uint64 // frags copied: of an IP fragment
+	copiedLayout atomic.Uint64 // frags copied: noLayout
+}
+
+// layoutLog logs once that gVisor's chunk layout was not recognised.
+var layoutLog sync.Once
+
+// newLendStats returns the lending policy of a zero-copy stack whose pages
+// come from pool: packets with less than lendMinBytes of payload are
+// copied, and so are IP fragments, and every frag of a page not lent yet
+// once maxLent pages are (0: as many as the pool.s ring holds, see
+// Config.ZeroCopyMaxLent). If gVisor's chunk layout was
+// not recognised, pages could never be reused: every frag is copied, and
+// that is logged once.
+func newLendStats(pool *bufpool.Pool, maxLent int) *lendStats {
+	if maxLent == 0 {
+		maxLent = max(pool.RingSize(), 1)
+	}
+	l := &lendStats{minLend: lendMinBytes, maxLent: maxLent, pool: pool, noLayout: !refsLayout.ok, ipFrags: true}
+	if l.noLayout {
+		layoutLog.Do(func() {
+			log.Printf("ustack: zero copy: gVisor's buffer chunk layout is not recognised; payload is copied (zc_frags_copied_layout)")
+		})
+	}
+	return l
 }
 
 func (l *lendStats) each(fn func(string, uint64)) {
 	fn("zc_views_lent", l.views.Load())
 	fn("zc_frags_copied", l.copied.Load())
+	fn("zc_frags_copied_small", l.copiedSmall.Load())
+	fn("zc_frags_copied_over_limit", l.copiedBound.Load())
+	fn("zc_frags_copied_ipfrag", l.copiedFrag.Load())
+	fn("zc_frags_copied_layout", l.copiedLayout.Load())
 }
 
 // lendAfter appends q's bytes from offset skip on to b: what is left of the
 // linear part as a copy, each frag as a view of its page's chunk (lent), or
-// as a copy when its page is not a chunk.
+// as a copy when its page is not a chunk, when it is short, when too many
+// pages are lent already, when q is an IP fragment (gVisor holds those up
+// to 30 s for reassembly), or when gVisor's layout is unknown.
 func (l *lendStats) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
+	// A short segment is copied whole (gVisor charges it its size), a
+	// longer one lent whole even if a frame's split over two pages left a
+	// short frag.
+	small := q.Len-skip < l.minLend
 	if skip < len(q.Linear) {
 		b.Append(buffer.NewViewWithData(q.Linear[skip:]))
 		skip = 0
 	} else {
 		skip -= len(q.Linear)
 	}
+	ipFrag := l.ipFrags && len(q.Frags) > 0 && isIPFragment(q.Linear)
 	for _, f := range q.Frags {
 		if skip >= int(f.Len) {
 			skip -= int(f.Len)
 			continue
 		}
+		n := int(f.Len) - skip
 		pv, ok := f.Page.Mem().(*buffer.View)
-		if !ok {
+		var why *atomic.Uint64
+		switch {
+		case !ok:
+			why = &l.copied
+		case l.noLayout:
+			why = &l.copiedLayout
+		case ipFrag:
+			why = &l.copiedFrag
+		case small:
+			why = &l.copiedSmall
+		case l.maxLent > 0 && !f.Page.Lent() && l.pool.LentPages() >= l.maxLent:
+			// A page lent already costs nothing more.
+			why = &l.copiedBound
+		}
+		if why != nil {
 			b.Append(buffer.NewViewWithData(f.Bytes()[skip:]))
-			l.copied.Add(1)
+			why.Add(1)
 			skip = 0
 			continue
 		}
 		v := pv.Clone()
 		v.TrimFront(int(f.Off) + skip)
-		v.CapLength(int(f.Len) - skip)
+		v.CapLength(n)
 		skip = 0
 		// Lend before the packet's frags are released: the pool must see
 		// the mark by the time the page's count falls back.
@@ -223,4 +236,28 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
 		b.Append(v)
 		l.views.Add(1)
 	}
+}
+
+// isIPFragment reports whether frame, an Ethernet frame's first bytes (its
+// linear part), holds an IPv4 fragment (MF set or a fragment offset) or an
+// IPv6 packet whose first extension header is a Fragment header (RFC 8200
+// section 4.5). A linear part too short to tell says no.
+func isIPFragment(frame []byte) bool {
+	const eth = header.EthernetMinimumSize
+	if len(frame) < eth {
+		return false
+	}
+	typ, off := header.Ethernet(frame).Type(), eth
+	if typ == 0x8100 && len(frame) >= eth+4 { // an 802.1Q tag left in place
+		typ, off = tcpip.NetworkProtocolNumber(frame[eth+2])<<8|tcpip.NetworkProtocolNumber(frame[eth+3]), eth+4
+	}
+	ip := frame[off:]
+	switch typ {
+	case header.IPv4ProtocolNumber:
+		h := header.IPv4(ip)
+		return len(ip) >= header.IPv4MinimumSize && (h.More() || h.FragmentOffset() != 0)
+	case header.IPv6ProtocolNumber:
+		return len(ip) >= header.IPv6MinimumSize && header.IPv6(ip).NextHeader() == uint8(header.IPv6FragmentHeader)
+	}
+	return false
 }
