@@ -59,8 +59,9 @@ type Driver struct {
 	shampo  shampoStats
 	epoch   time.Time
 
-	txMu  sync.Mutex
-	txBuf []byte // +checklocks:txMu
+	txMu sync.Mutex
+	// +checklocks:txMu
+	txBuf []byte
 
 	startOnce sync.Once
 	closeOnce sync.Once
