@@ -110,7 +110,7 @@ func (d *Driver) nicLoop() {
 		d.nicErr = err
 		return
 	}
-	d.NICCPU.Store(int32(cpu))
+	d.nicCPU.Store(int32(cpu))
 	n := &d.nic
 	start := ThreadCPUTime()
 	defer func() {
