@@ -76,13 +76,13 @@ type rxMeta struct {
 }
 
 // segPlacer is the SegmentSink the NIC model cuts a super-frame into: it
-// places each segment with the super-frame's metadata, set before each
-// Segmenter.Segment call.
+// places each segment with the layout of the super-frame, set before each
+// Segmenter.Segment call. No segment has an outer tunnel header:
+// decapsulate refuses GSO super-frames (DropBadTunnel).
 type segPlacer struct {
-	n        *nicState
-	fi       *FrameInfo // the super-frame's layout
-	outerLen int        // the super-frame's outer tunnel header, 0 if none
-	info     FrameInfo  // the current segment's layout
+	n    *nicState
+	fi   *FrameInfo // the super-frame's layout
+	info FrameInfo  // the current segment's layout
 }
 
 // directHead is the part of a frame a direct read puts into the NIC's own
@@ -337,7 +337,7 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 	}
 	// A direct read leaves no bytes in the WQE here: directOK takes only
 	// super-frames that LRO places whole.
-	n.segs.fi, n.segs.outerLen = fi, m.outerLen
+	n.segs.fi = fi
 	segs, drop := n.seg.Segment(h, frame, fi, &n.segs)
 	if drop != DropNone {
 		n.dropped(drop)
@@ -357,7 +357,7 @@ func (s *segPlacer) WriteSegment(hdr, payload []byte) {
 	// The segment has the super-frame's header layout with its own lengths.
 	s.info = *s.fi
 	s.info.IPLen = len(hdr) + len(payload) - s.fi.L2Len
-	n.place(hdr, payload, rxMeta{info: &s.info, csum: CsumPartial, outerLen: s.outerLen})
+	n.place(hdr, payload, rxMeta{info: &s.info, csum: CsumPartial})
 }
 
 // checksum decides a single frame's checksum state: trusted from the
