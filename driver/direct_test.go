@@ -183,7 +183,7 @@ func TestCoalesceBytes(t *testing.T) {
 			n := &d.nic
 			got := 0
 			for got < 20 && !n.due() {
-				n.receive(frame)
+				n.receive(frame, 0)
 				got++
 			}
 			if got != tc.want {

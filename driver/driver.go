@@ -59,8 +59,9 @@ type Driver struct {
 	shampo  shampoStats
 	epoch   time.Time
 
-	txMu  sync.Mutex
-	txBuf []byte // +checklocks:txMu
+	txMu sync.Mutex
+	// +checklocks:txMu
+	txBuf []byte
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -68,9 +69,9 @@ type Driver struct {
 	closing   chan struct{} // closed when Close begins: the NIC model stops waiting
 	nicDone   chan struct{}
 	pollDone  chan struct{}
-	nicErr    error // set before nicDone is closed (wireFailed)
-	NICCPU    atomic.Int32
-	PollCPU   atomic.Int32
+	nicErr    error        // set before nicDone is closed (wireFailed)
+	nicCPU    atomic.Int32 // NICCPU
+	pollCPU   atomic.Int32 // PollCPU
 }
 
 // New returns a driver for wire. It does not start reading until Start.
@@ -97,10 +98,22 @@ func New(wire Wire, cfg Config) (*Driver, error) {
 	}
 	d.epoch = time.Now()
 	d.nic.init(d)
-	d.NICCPU.Store(-1)
-	d.PollCPU.Store(-1)
+	d.nicCPU.Store(-1)
+	d.pollCPU.Store(-1)
 	return d, nil
 }
+
+// NICCPU returns the CPU the NIC model's thread started on, after pinning
+// it to Config.NICCPUs, or -1 before it started, if its pinning failed, or
+// where the CPU is not known (outside Linux). An unpinned thread may have
+// moved since. Safe to call from any goroutine.
+func (d *Driver) NICCPU() int { return int(d.nicCPU.Load()) }
+
+// PollCPU returns the CPU the poll loop's thread started on, after pinning
+// it to Config.PollCPUs (or unpinned, if that failed), or -1 before it
+// started or where the CPU is not known (outside Linux). An unpinned
+// thread may have moved since. Safe to call from any goroutine.
+func (d *Driver) PollCPU() int { return int(d.pollCPU.Load()) }
 
 // Config returns the driver's configuration with defaults filled in.
 func (d *Driver) Config() Config { return d.cfg }

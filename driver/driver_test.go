@@ -15,8 +15,10 @@ import (
 
 // collector is a Handler that keeps copies of what it is given.
 type collector struct {
-	mu      sync.Mutex
-	frames  [][]byte
+	mu sync.Mutex
+	// +checklocks:mu
+	frames [][]byte
+	// +checklocks:mu
 	linears []int
 	n       atomic.Int64
 	bytes   atomic.Int64 // payload bytes (after the headers) handed over

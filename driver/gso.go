@@ -28,12 +28,12 @@ const (
 
 // SegmentSink receives the frames a Segmenter cuts a super-frame into.
 type SegmentSink interface {
-	// Segment is called once per segment, in order. hdr holds the rebuilt
-	// Ethernet+IP+L4 headers of the segment and is valid only during the
-	// call (it lives in the Segmenter's scratch); payload is a sub-slice
-	// of the super-frame passed to Segment. The segment's frame is hdr
-	// followed by payload.
-	Segment(hdr, payload []byte)
+	// WriteSegment is called once per segment, in order. hdr holds the
+	// rebuilt Ethernet+IP+L4 headers of the segment and is valid only
+	// during the call (it lives in the Segmenter's scratch); payload is a
+	// sub-slice of the super-frame passed to Segmenter.Segment. The
+	// segment's frame is hdr followed by payload.
+	WriteSegment(hdr, payload []byte)
 }
 
 // Segmenter cuts GSO super-frames (as a TAP with IFF_VNET_HDR and TSO/USO
@@ -53,7 +53,7 @@ type Segmenter struct {
 
 // Segment splits frame (the Ethernet frame after the virtio-net header h,
 // parsed into fi by ParseFrame with DropNone) into segments of at most
-// h.GSOSize payload bytes each and calls sink.Segment for each. It returns
+// h.GSOSize payload bytes each and calls sink.WriteSegment for each. It returns
 // the number of segments, or 0 and a Drop reason; sink is not called when
 // Segment drops the frame.
 //
@@ -215,7 +215,7 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 		}
 		checksum.Put(hdr[csOff:], sum)
 
-		sink.Segment(hdr, seg)
+		sink.WriteSegment(hdr, seg)
 	}
 	return n, DropNone
 }

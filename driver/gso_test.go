@@ -18,7 +18,7 @@ type pkSegSink struct {
 	payloads [][]byte
 }
 
-func (s *pkSegSink) Segment(hdr, payload []byte) {
+func (s *pkSegSink) WriteSegment(hdr, payload []byte) {
 	s.hdrs = append(s.hdrs, bytes.Clone(hdr))
 	s.payloads = append(s.payloads, payload)
 	for i := range hdr {
@@ -38,7 +38,7 @@ const pkUDPChecksumOffset = 6
 // pkCountSink counts segments and bytes without allocating.
 type pkCountSink struct{ segs, bytes int }
 
-func (s *pkCountSink) Segment(hdr, payload []byte) {
+func (s *pkCountSink) WriteSegment(hdr, payload []byte) {
 	s.segs++
 	s.bytes += len(hdr) + len(payload)
 }
@@ -46,7 +46,7 @@ func (s *pkCountSink) Segment(hdr, payload []byte) {
 // pkFailSink fails the test if it is called.
 type pkFailSink struct{ t *testing.T }
 
-func (s pkFailSink) Segment(hdr, payload []byte) {
+func (s pkFailSink) WriteSegment(hdr, payload []byte) {
 	s.t.Errorf("sink called with %d+%d bytes, want no call", len(hdr), len(payload))
 }
 

@@ -44,18 +44,13 @@ type nicState struct {
 	ends     []uint64 // two entries per CQE slot: ends[cons-1] outlives its slot's reuse
 	endMask  uint32
 
-	prod      uint32 // next CQE to write; published to d.prod in batches
-	pending   int    // CQEs written since the last publish
-	pendBytes int    // their bytes
-	csum      CsumState
-	gsoSize   uint16
-	info      *FrameInfo
-	segInfo   FrameInfo
-	fi        FrameInfo
-	drop      Drop
+	prod      uint32    // next CQE to write; published to d.prod in batches
+	pending   int       // CQEs written since the last publish
+	pendBytes int       // their bytes
+	fi        FrameInfo // the current frame's, as ParseFrame fills it
+	segs      segPlacer // places the segments receiveGSO cuts a super-frame into
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
-	outerLen int        // the current frame's outer tunnel header, 0 if none
 
 	// Direct reads (Config.BounceRead off): vr reads a frame's virtio-net
 	// header and first directHead bytes into rbuf and the rest straight
@@ -63,8 +58,31 @@ type nicState struct {
 	// rbuf where the bytes belong).
 	vr      VecReader // nil: every read goes to rbuf
 	iov     [][]byte
-	inRing  int // bytes of the current frame in the WQE, not in rbuf; place claims them
 	lastLen int // the previous frame's length: a WQE with less room is retired before a read
+}
+
+// rxMeta is what the NIC model hands place about a frame beside its
+// bytes: what its CQE reports, and how much of it a direct read left in
+// the WQE. Passed by value: it lives for one place call.
+type rxMeta struct {
+	info     *FrameInfo // the frame's layout (a tunnel frame's inner one)
+	csum     CsumState
+	gsoSize  uint16 // an LRO super-frame's MSS, 0 for a frame the wire carried
+	outerLen int    // the outer tunnel header, 0 if none
+	// inRing is the bytes of the frame that a direct read put into the
+	// WQE where place would write them: the tail of a, whose own bytes
+	// there are stale. place claims them instead of copying.
+	inRing int
+}
+
+// segPlacer is the SegmentSink the NIC model cuts a super-frame into: it
+// places each segment with the layout of the super-frame, set before each
+// Segmenter.Segment call. No segment has an outer tunnel header:
+// decapsulate refuses GSO super-frames (DropBadTunnel).
+type segPlacer struct {
+	n    *nicState
+	fi   *FrameInfo // the super-frame's layout
+	info FrameInfo  // the current segment's layout
 }
 
 // directHead is the part of a frame a direct read puts into the NIC's own
@@ -74,6 +92,7 @@ const directHead = 256
 
 func (n *nicState) init(d *Driver) {
 	n.d = d
+	n.segs.n = n
 	n.rbuf = make([]byte, VirtioNetHdrLen+maxLROFrame)
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
@@ -110,7 +129,7 @@ func (d *Driver) nicLoop() {
 		d.nicErr = err
 		return
 	}
-	d.NICCPU.Store(int32(cpu))
+	d.nicCPU.Store(int32(cpu))
 	n := &d.nic
 	start := ThreadCPUTime()
 	defer func() {
@@ -119,10 +138,10 @@ func (d *Driver) nicLoop() {
 	}()
 	block := false
 	for {
-		var m int
+		var m, inRing int
 		var err error
 		if n.vr != nil {
-			m, err = n.readDirect(block)
+			m, inRing, err = n.readDirect(block)
 		} else {
 			m, err = d.wire.Read(n.rbuf, block)
 		}
@@ -138,11 +157,11 @@ func (d *Driver) nicLoop() {
 			return
 		}
 		block = false
-		if n.inRing > 0 && !n.directOK(n.rbuf[:m]) {
-			n.gather()
+		if inRing > 0 && !n.directOK(n.rbuf[:m], inRing) {
+			n.gather(inRing)
+			inRing = 0
 		}
-		n.receive(n.rbuf[:m])
-		n.inRing = 0
+		n.receive(n.rbuf[:m], inRing)
 		if n.due() {
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
@@ -152,17 +171,17 @@ func (d *Driver) nicLoop() {
 
 // readDirect reads a frame as Wire.Read does into rbuf, but with the part
 // after its first directHead bytes going straight into the WQE (where the
-// frame goes if it is placed whole) as far as the WQE reaches, and sets
-// inRing to the bytes that went there. A WQE with less room left than the
-// last frame took is retired first, so that a stream of super-frames goes
-// into the ring whole.
-func (n *nicState) readDirect(block bool) (int, error) {
-	n.inRing = 0
+// frame goes if it is placed whole) as far as the WQE reaches. It returns
+// the read's length m and inRing, the bytes that went into the WQE. A WQE
+// with less room left than the last frame took is retired first, so that
+// a stream of super-frames goes into the ring whole.
+func (n *nicState) readDirect(block bool) (m, inRing int, err error) {
 	if n.posted && n.wqe.size-n.off < directHead+n.lastLen {
 		n.retire()
 	}
 	if !n.posted && !n.post() {
-		return n.d.wire.Read(n.rbuf, block) // no buffer: place drops it
+		m, err = n.d.wire.Read(n.rbuf, block) // no buffer: place drops it
+		return m, 0, err
 	}
 	head := VirtioNetHdrLen + directHead
 	iov := append(n.iov[:0], n.rbuf[:head])
@@ -173,24 +192,23 @@ func (n *nicState) readDirect(block bool) (int, error) {
 	if head+covered < len(n.rbuf) {
 		iov = append(iov, n.rbuf[head+covered:])
 	}
-	m, err := n.vr.ReadVec(iov, block)
+	m, err = n.vr.ReadVec(iov, block)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n.inRing = min(max(m-head, 0), covered)
 	n.lastLen = m - VirtioNetHdrLen
-	return m, nil
+	return m, min(max(m-head, 0), covered), nil
 }
 
 // directOK reports whether the frame of a direct read (b: the virtio-net
-// header and the frame, whose bytes past directHead are in the WQE, not
-// in b) can stay where it is: a TCP super-frame that LRO hands up whole
-// (receive then looks at nothing but its headers), whose headers lie in
-// the first directHead bytes and whose rest all went into the WQE.
+// header and the frame, whose inRing bytes past directHead are in the
+// WQE, not in b) can stay where it is: a TCP super-frame that LRO hands up
+// whole (receive then looks at nothing but its headers), whose headers lie
+// in the first directHead bytes and whose rest all went into the WQE.
 // Anything else is gathered into rbuf first. The parse reads b's stale
 // tail only for a header that would end past directHead, which it
 // rejects.
-func (n *nicState) directOK(b []byte) bool {
+func (n *nicState) directOK(b []byte, inRing int) bool {
 	var h VirtioNetHdr
 	if !h.Decode(b) {
 		return false
@@ -200,7 +218,7 @@ func (n *nicState) directOK(b []byte) bool {
 		return false
 	}
 	frame := b[VirtioNetHdrLen:]
-	if len(frame) != directHead+n.inRing || len(frame) > n.maxFrame {
+	if len(frame) != directHead+inRing || len(frame) > n.maxFrame {
 		return false
 	}
 	fi := &n.fi
@@ -215,18 +233,18 @@ func (n *nicState) directOK(b []byte) bool {
 	return true
 }
 
-// gather copies the part of the frame a direct read put into the WQE back
-// into rbuf, after the frame's first directHead bytes, so that the frame
-// lies whole in rbuf, as after Wire.Read.
-func (n *nicState) gather() {
+// gather copies the inRing bytes of the frame a direct read put into the
+// WQE back into rbuf, after the frame's first directHead bytes, so that
+// the frame lies whole in rbuf, as after Wire.Read.
+func (n *nicState) gather(inRing int) {
 	start := VirtioNetHdrLen + directHead
-	n.wqe.read(n.rbuf[start:start+n.inRing], n.off+directHead)
-	n.inRing = 0
+	n.wqe.read(n.rbuf[start:start+inRing], n.off+directHead)
 }
 
 // receive handles one read from the wire: a virtio-net header and a frame
-// or a GSO super-frame.
-func (n *nicState) receive(b []byte) {
+// or a GSO super-frame, whose last inRing bytes a direct read put into the
+// WQE (directOK) rather than b.
+func (n *nicState) receive(b []byte, inRing int) {
 	d := n.d
 	st := &d.stats
 	st.WireReads.Add(1)
@@ -268,13 +286,12 @@ func (n *nicState) receive(b []byte) {
 		n.dropped(drop)
 		return
 	}
-	n.outerLen = outer
 	if outer > 0 {
 		st.TunnelDecap.Add(1)
 	}
 	if h.GSOType != VirtioNetHdrGSONone {
 		st.GSOFrames.Add(1)
-		n.receiveGSO(&h, frame, fi)
+		n.receiveGSO(&h, frame, rxMeta{info: fi, outerLen: outer, inRing: inRing})
 		return
 	}
 	// A frame that is not a super-frame is held to the MTU, LRO or not:
@@ -288,14 +305,15 @@ func (n *nicState) receive(b []byte) {
 		n.dropped(drop)
 		return
 	}
-	n.csum, n.gsoSize, n.info = cs, 0, fi
-	n.place(frame, nil)
+	n.place(frame, nil, rxMeta{info: fi, csum: cs, outerLen: outer, inRing: inRing})
 }
 
 // receiveGSO handles a super-frame: whole with LRO (TCP only, as hardware
-// LRO), else cut into the frames the wire would have carried.
-func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, fi *FrameInfo) {
+// LRO), else cut into the frames the wire would have carried. m is the
+// super-frame's layout, outer tunnel header and bytes in the WQE (receive).
+func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 	st := &n.d.stats
+	fi := m.info
 	if h.Flags&VirtioNetHdrFNeedsCsum == 0 {
 		n.dropped(DropBadVnetHdr)
 		return
@@ -310,15 +328,17 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, fi *FrameInfo) {
 			n.dropped(DropTooBig)
 			return
 		}
-		n.csum, n.gsoSize, n.info = CsumPartial, h.GSOSize, fi
-		if n.place(frame, nil) {
+		m.csum, m.gsoSize = CsumPartial, h.GSOSize
+		if n.place(frame, nil, m) {
 			st.LROFrames.Add(1)
 			st.LROBytes.Add(uint64(len(frame)))
 		}
 		return
 	}
-	n.csum, n.gsoSize, n.info = CsumPartial, 0, &n.segInfo
-	segs, drop := n.seg.Segment(h, frame, fi, n)
+	// A direct read leaves no bytes in the WQE here: directOK takes only
+	// super-frames that LRO places whole.
+	n.segs.fi = fi
+	segs, drop := n.seg.Segment(h, frame, fi, &n.segs)
 	if drop != DropNone {
 		n.dropped(drop)
 		return
@@ -326,16 +346,18 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, fi *FrameInfo) {
 	st.GSOSegs.Add(uint64(segs))
 }
 
-// Segment places one frame cut from a super-frame (SegmentSink).
-func (n *nicState) Segment(hdr, payload []byte) {
+// WriteSegment places one frame cut from a super-frame (SegmentSink),
+// with a partial checksum, as the wire would have carried it.
+func (s *segPlacer) WriteSegment(hdr, payload []byte) {
+	n := s.n
 	if len(hdr)+len(payload) > n.wireMax {
 		n.dropped(DropTooBig)
 		return
 	}
 	// The segment has the super-frame's header layout with its own lengths.
-	n.segInfo = n.fi
-	n.segInfo.IPLen = len(hdr) + len(payload) - n.fi.L2Len
-	n.place(hdr, payload)
+	s.info = *s.fi
+	s.info.IPLen = len(hdr) + len(payload) - s.fi.L2Len
+	n.place(hdr, payload, rxMeta{info: &s.info, csum: CsumPartial})
 }
 
 // checksum decides a single frame's checksum state: trusted from the
@@ -390,18 +412,18 @@ func (n *nicState) filterMAC(frame []byte) Drop {
 
 func (n *nicState) dropped(d Drop) { n.d.stats.Dropped[d].Add(1) }
 
-// place writes one frame (a, then b) into the RX ring, as the NIC's DMA
-// would, and posts its CQE. It reports false if the frame was dropped for
-// want of a buffer.
-func (n *nicState) place(a, b []byte) bool {
+// place writes one frame (a, then b; b is nil if m.inRing > 0) into the
+// RX ring, as the NIC's DMA would, and posts its CQE, which reports m. It
+// reports false if the frame was dropped for want of a buffer.
+func (n *nicState) place(a, b []byte, m rxMeta) bool {
 	d := n.d
-	if d.cfg.HWGRO != HWGROOff && n.info.L4 == L4TCP && n.gsoSize == 0 && n.outerLen == 0 {
+	if d.cfg.HWGRO != HWGROOff && m.info.L4 == L4TCP && m.gsoSize == 0 && m.outerLen == 0 {
 		hdr, payload := a, b
 		if b == nil {
-			h := n.info.HeaderLen()
-			hdr, payload = a[:h], a[h:n.info.L2Len+n.info.IPLen]
+			h := m.info.HeaderLen()
+			hdr, payload = a[:h], a[h:m.info.L2Len+m.info.IPLen]
 		}
-		if n.placeSHAMPO(hdr, payload, n.info) {
+		if n.placeSHAMPO(hdr, payload, m.info, m.csum) {
 			return true
 		}
 	} else if n.sess.open {
@@ -425,14 +447,14 @@ func (n *nicState) place(a, b []byte) bool {
 	cqe.ByteCount = uint32(size)
 	cqe.WQE = n.wqeSeq
 	cqe.Stride = uint32(n.off / d.cfg.StrideSize)
-	cqe.Info = *n.info
-	cqe.Csum = n.csum
-	cqe.GSOSize = n.gsoSize
-	cqe.OuterLen = uint16(n.outerLen)
+	cqe.Info = *m.info
+	cqe.Csum = m.csum
+	cqe.GSOSize = m.gsoSize
+	cqe.OuterLen = uint16(m.outerLen)
 	cqe.HWGRO, cqe.Match = false, false
 	cqe.NFrags = 0
 	off := n.off
-	if k := n.inRing; k > 0 {
+	if k := m.inRing; k > 0 {
 		// A direct read (b is nil): the frame's tail is in place.
 		n.wqe.write(cqe, off, a[:len(a)-k])
 		n.wqe.claim(cqe, off+len(a)-k, k)

@@ -14,7 +14,7 @@ func (d *Driver) pollLoop() {
 		// Pinning is a request, not a requirement: run unpinned.
 		cpu = CurrentCPU()
 	}
-	d.PollCPU.Store(int32(cpu))
+	d.pollCPU.Store(int32(cpu))
 	start := ThreadCPUTime()
 	cons := d.cons.Load()
 	polls := 0

@@ -106,8 +106,10 @@ func flowFrames(t *testing.T, sport uint16, n, payload int, psh, acks bool) ([][
 // flowCollector keeps each flow's TCP payload, by source port, in the
 // order delivered.
 type flowCollector struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	flows map[uint16][]byte
+	// +checklocks:mu
 	bytes int
 }
 

@@ -217,7 +217,8 @@ type session struct {
 
 // placeSHAMPO places a TCP frame the SHAMPO way: its headers into the next
 // header buffer entry, its payload into the session's reservation, and
-// posts a CQE whose Match bit says whether it continues the session. It
+// posts a CQE reporting fi and csum, whose Match bit says whether it
+// continues the session. It
 // reports false if the frame is not one SHAMPO takes (the caller places it
 // whole).
 //
@@ -231,7 +232,7 @@ type session struct {
 // a train (URG, PSH, RST, SYN, FIN), a payload shorter than the first, or
 // headers software GRO never merges (IPv4 options, IPv6 extension headers)
 // ends its session once placed.
-func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
+func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo, csum CsumState) bool {
 	d := n.d
 	if len(hdr) > shampoHeaderEntry || len(payload) == 0 || fi.Fragment || fi.L4 != L4TCP || len(payload) > d.cfg.Reservation {
 		return false
@@ -277,8 +278,8 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo) bool {
 	d.shampo.hdrEntries.Add(1)
 	d.shampo.hdrBytes.Add(uint64(len(hdr)))
 	cqe.ByteCount = uint32(len(hdr) + len(payload))
-	cqe.Info = *n.info
-	cqe.Csum = n.csum
+	cqe.Info = *fi
+	cqe.Csum = csum
 	cqe.GSOSize = 0
 	cqe.HWGRO = true
 	cqe.Match = match

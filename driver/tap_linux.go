@@ -28,7 +28,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -224,33 +223,6 @@ func (t *TAP) ReadVec(iov [][]byte, block bool) (int, error) {
 	return t.read(nil, iov, block)
 }
 
-// readv is readv(2) of iov into fd through t.iov; x/sys's Readv allocates
-// its iovec array on every call.
-func (t *TAP) readv(iov [][]byte) (int, error) {
-	if t.iov == nil {
-		t.iov = make([]unix.Iovec, maxReadIov)
-	}
-	v := t.iov[:0]
-	for _, b := range iov {
-		if len(v) == maxReadIov {
-			break
-		}
-		if len(b) == 0 {
-			continue
-		}
-		v = append(v, unix.Iovec{Base: &b[0]})
-		v[len(v)-1].SetLen(len(b))
-	}
-	if len(v) == 0 {
-		return 0, nil
-	}
-	n, _, e := unix.Syscall(unix.SYS_READV, uintptr(t.fd), uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
-
 // read is Read (iov nil) and ReadVec.
 func (t *TAP) read(b []byte, iov [][]byte, block bool) (int, error) {
 	if !t.acquire() {
@@ -387,18 +359,9 @@ func (t *TAP) HardwareAddr() (net.HardwareAddr, error) {
 		return nil, os.ErrClosed
 	}
 	defer t.release()
-	// struct ifreq with ifr_hwaddr, a struct sockaddr.
-	var ifr struct {
-		name   [unix.IFNAMSIZ]byte
-		family uint16
-		data   [14]byte
-		_      [8]byte
+	mac, err := ioctlHWAddr(t.fd, t.name)
+	if err != nil {
+		return nil, fmt.Errorf("tap %q: SIOCGIFHWADDR: %w", t.name, err)
 	}
-	copy(ifr.name[:], t.name)
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(t.fd), unix.SIOCGIFHWADDR, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return nil, fmt.Errorf("tap %q: SIOCGIFHWADDR: %w", t.name, errno)
-	}
-	mac := make(net.HardwareAddr, 6)
-	copy(mac, ifr.data[:6])
 	return mac, nil
 }

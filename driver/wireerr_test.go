@@ -35,7 +35,8 @@ func (w *failingWire) Read(b []byte, block bool) (int, error) {
 // goroutine and read by the test.
 type syncBuf struct {
 	mu sync.Mutex
-	b  bytes.Buffer
+	// +checklocks:mu
+	b bytes.Buffer
 }
 
 func (s *syncBuf) Write(p []byte) (int, error) {

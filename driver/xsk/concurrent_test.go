@@ -19,9 +19,11 @@ import (
 // checksum of frames whose fifth payload byte is 1 (those that requested
 // one).
 type seqWire struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	seqs []uint32
-	err  error
+	// +checklocks:mu
+	err error
 }
 
 const payloadOff = 14 + 20 + 8 // Ethernet, IPv4, UDP

@@ -14,9 +14,11 @@ import (
 // recordWire keeps a copy of every frame written (virtio-net header
 // included). fail, when set, is returned by Write instead.
 type recordWire struct {
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	frames [][]byte
-	fail   error
+	// +checklocks:mu
+	fail error
 }
 
 func (w *recordWire) Write(b []byte) error {

@@ -78,15 +78,9 @@ func (m TxMetadata) SetFlags(f uint64) { binary.NativeEndian.PutUint64(m[0:8], f
 // the descriptor's Addr.
 func (m TxMetadata) CsumStart() uint16 { return binary.NativeEndian.Uint16(m[8:10]) }
 
-// SetCsumStart sets request.csum_start.
-func (m TxMetadata) SetCsumStart(v uint16) { binary.NativeEndian.PutUint16(m[8:10], v) }
-
 // CsumOffset returns request.csum_offset: where the checksum goes, from
 // CsumStart.
 func (m TxMetadata) CsumOffset() uint16 { return binary.NativeEndian.Uint16(m[10:12]) }
-
-// SetCsumOffset sets request.csum_offset.
-func (m TxMetadata) SetCsumOffset(v uint16) { binary.NativeEndian.PutUint16(m[10:12], v) }
 
 // SetChecksumRequest sets CsumStart and CsumOffset with one bounds check.
 func (m TxMetadata) SetChecksumRequest(start, offset uint16) {

@@ -347,7 +347,7 @@ func (s *Socket) stamp(cidx uint32, mask uint64) {
 // error. It sets bit i of c.stamps if the packet whose first descriptor is
 // the i-th asked for a TX timestamp (see stamp).
 //
-// +checklocks:txMu
+// +checklocks:s.txMu
 func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
 	var used uint32
 	for used < n {
@@ -432,7 +432,7 @@ func (s *Socket) validDesc(d Desc) bool {
 // the scratch buffer, nil if d was rejected (and counted), and whether the
 // packet asked for a TX timestamp.
 //
-// +checklocks:txMu
+// +checklocks:s.txMu
 func (s *Socket) txMeta(d Desc, c *txCounts) ([]byte, bool) {
 	if !s.validDesc(d) {
 		c.invalid++
@@ -533,7 +533,7 @@ func (s *Socket) request(d Desc) (txRequest, bool) {
 // reports that r asked for the completion time (stamp). b is the
 // scratch buffer: vnetHdrLen bytes of header to fill, then the packet.
 //
-// +checklocks:txMu
+// +checklocks:s.txMu
 func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) (bool, error) {
 	switch {
 	case r.flags&TxmdChecksum == 0:
@@ -575,7 +575,7 @@ func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) (bool, error) {
 // While dropRest is set it consumes, without sending, descriptors up to
 // the end of the oversized packet being dropped.
 //
-// +checklocks:txMu
+// +checklocks:s.txMu
 func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, bool, error) {
 	if s.dropRest != 0 {
 		var k uint32
