@@ -170,7 +170,7 @@ func runCmd(args []string) error {
 			return usageError{fmt.Errorf("-metrics %q: %w", *metrics, err)}
 		}
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(stack.NewCollector(s))
+		reg.MustRegister(newCollector(s.EachCounter))
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

@@ -1,6 +1,9 @@
-package stack
+package main
 
 import (
+	"context"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -9,17 +12,35 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/stacktest"
 )
 
 func TestCollector(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
-	udpBurst(t, peer, netipAP("192.0.2.1:9"), 3, 100)
+	rx, peer := stacktest.Pair(t, driver.Config{})
+	// Three datagrams from the peer; a connection refused by a closed
+	// port resolves the neighbours first (gVisor queues only a few
+	// packets while it waits for ARP).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:1")); err == nil {
+		c.Close()
+	}
+	pu, err := peer.ListenUDP(netip.MustParseAddrPort("192.0.2.2:5555"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pu.Close()
+	for range 3 {
+		if _, err := pu.WriteTo(make([]byte, 100), net.UDPAddrFromAddrPort(netip.MustParseAddrPort("192.0.2.1:9"))); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The burst is sent; wait until the receiver has polled it.
-	for deadline := time.Now().Add(5 * time.Second); counterMap(rx)["rx_packets"] < 3 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); stacktest.Counters(rx.EachCounter)["rx_packets"] < 3 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(NewCollector(rx)); err != nil {
+	if err := reg.Register(newCollector(rx.EachCounter)); err != nil {
 		t.Fatal(err)
 	}
 	n, err := testutil.GatherAndCount(reg)
