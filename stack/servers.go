@@ -2,15 +2,11 @@ package stack
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // ServerConfig bounds what the built-in TCP servers (discard, echo) give
@@ -237,19 +233,18 @@ type serverReader struct {
 	st   *serverStats
 	quit <-chan struct{} // closed when the server shuts down
 
-	stop     chan struct{} // closed by abort
-	stopOnce sync.Once
-	entry    waiter.Entry
-	ready    chan struct{}
-	timer    *time.Timer
+	stop       chan struct{} // closed by abort
+	stopOnce   sync.Once
+	ready      <-chan struct{}
+	stopNotify func()
+	timer      *time.Timer
 }
 
 func newServerReader(c net.Conn, cfg *ServerConfig, st *serverStats, quit <-chan struct{}) *serverReader {
 	r := &serverReader{c: c, idle: cfg.idleTimeout(), st: st, quit: quit, stop: make(chan struct{})}
 	if tc, ok := c.(*TCPConn); ok {
 		r.tc = tc
-		r.entry, r.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
-		tc.wq.EventRegister(&r.entry)
+		r.ready, r.stopNotify = tc.NotifyReadable()
 	}
 	return r
 }
@@ -257,7 +252,7 @@ func newServerReader(c net.Conn, cfg *ServerConfig, st *serverStats, quit <-chan
 // close unregisters the reader; call it once reads have stopped.
 func (r *serverReader) close() {
 	if r.tc != nil {
-		r.tc.wq.EventUnregister(&r.entry)
+		r.stopNotify()
 	}
 	if r.timer != nil {
 		r.timer.Stop()
@@ -276,7 +271,7 @@ func (r *serverReader) wait() error {
 		return nil // read blocks, under a deadline
 	}
 	var expired <-chan time.Time
-	for r.tc.ep.Readiness(waiter.ReadableEvents) == 0 {
+	for !r.tc.Readable() {
 		if r.idle > 0 && expired == nil {
 			if r.timer == nil {
 				r.timer = time.NewTimer(r.idle)
@@ -288,7 +283,7 @@ func (r *serverReader) wait() error {
 		select {
 		case <-r.ready:
 		case <-expired:
-			if r.tc.ep.Readiness(waiter.ReadableEvents) != 0 {
+			if r.tc.Readable() {
 				return nil
 			}
 			r.st.idleTimeouts.Add(1)
@@ -319,21 +314,7 @@ func (r *serverReader) read(buf []byte) (int, error) {
 		}
 		return n, err
 	}
-	w := tcpip.SliceWriter(buf)
-	res, err := r.tc.ep.Read(&w, tcpip.ReadOptions{})
-	if res.Count > 0 {
-		r.tc.ep.ModerateRecvBuf(res.Count)
-	}
-	switch err.(type) {
-	case nil:
-		return res.Count, nil
-	case *tcpip.ErrWouldBlock:
-		return 0, nil
-	case *tcpip.ErrClosedForReceive:
-		return 0, io.EOF
-	default:
-		return 0, r.tc.opError(errors.New(err.String()))
-	}
+	return r.tc.TryRead(buf)
 }
 
 func isTimeoutErr(err error) bool {
