@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // TestTCPBulk sends a bulk stream from the kernel to a hashing receiver on
@@ -100,11 +100,11 @@ func TestTCPEcho(t *testing.T) {
 					t.Fatal(err)
 				}
 				served := make(chan error, 1)
-				go func() { served <- stack.ServeEcho(l) }()
+				go func() { served <- serve.Echo(l) }()
 				defer func() {
 					l.Close()
 					if err := <-served; err != nil {
-						t.Errorf("ServeEcho: %v", err)
+						t.Errorf("Echo: %v", err)
 					}
 				}()
 

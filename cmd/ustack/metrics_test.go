@@ -13,6 +13,7 @@ import (
 
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 func TestCollector(t *testing.T) {
@@ -71,5 +72,24 @@ func TestCollector(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no ustack_rx_packets metric")
+	}
+}
+
+// TestRunCounters: run prints (and exports) the stack's counters and then
+// its servers', every one of them.
+func TestRunCounters(t *testing.T) {
+	rx, _ := stacktest.Pair(t, driver.Config{})
+	var st serve.Stats
+	var b strings.Builder
+	printCounters(&b, allCounters(rx, &st))
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if want := 1 + len(rx.Counters()) + len(stacktest.Counters(st.EachCounter)); len(lines) != want {
+		t.Fatalf("printCounters: got %d lines, want %d (a header, the stack's counters and the servers')", len(lines), want)
+	}
+	if got, want := strings.TrimSpace(lines[len(lines)-1]), "iperf3_conns_dropped: 0"; got != want {
+		t.Errorf("last line: got %q, want %q (the servers' last counter)", got, want)
+	}
+	if !strings.Contains(b.String(), "server_conns_refused: 0") || !strings.Contains(b.String(), "rx_packets: ") {
+		t.Errorf("printCounters: want the stack's rx_packets and the servers' server_conns_refused in\n%s", b.String())
 	}
 }

@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"cmp"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ustack/ustack/stack"
 )
 
 // iperf3Test is one test: its control connection, streams and goroutines.
@@ -66,7 +68,7 @@ type iperf3Stream struct {
 
 	// retrans is the TCP stream's connection, whose retransmit counter
 	// the stream reports (nil: unknown).
-	retrans *TCPConn
+	retrans *stack.TCPConn
 
 	bytes   atomic.Uint64
 	packets atomic.Uint64 // UDP: datagrams sent, or the highest sequence number received
@@ -217,7 +219,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 			if n := t.moved(); n != moved {
 				moved, movedAt = n, now
 			} else if now.Sub(movedAt) >= idle {
-				t.srv.st.servers.iperf3IdleTimeouts.Add(1)
+				t.srv.stats.iperf3IdleTimeouts.Add(1)
 				t.send(iperf3ServerTerminate)
 				return ErrIPerf3Idle
 			}
@@ -326,8 +328,8 @@ func (t *iperf3Test) collectStreams(step time.Duration) error {
 
 // tcpRetransmits returns c if it is one of the stack's TCP connections,
 // which count their retransmits, else nil.
-func tcpRetransmits(c net.Conn) *TCPConn {
-	tc, _ := c.(*TCPConn)
+func tcpRetransmits(c net.Conn) *stack.TCPConn {
+	tc, _ := c.(*stack.TCPConn)
 	return tc
 }
 
