@@ -15,7 +15,7 @@ import (
 
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/testbed"
-	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // needIPerf3 skips the test when the iperf3 client is not installed.
@@ -191,9 +191,9 @@ func TestIPerf3Stack(t *testing.T) {
 	needRoot(t)
 	needIPerf3(t)
 	r := newRig(t, "usit-iperf3s", 1500, driver.Config{})
-	results := make(chan stack.IPerf3Result, 1)
-	srv, err := r.st.ListenIPerf3(netip.AddrPortFrom(netip.IPv6Unspecified(), 5201), stack.IPerf3Config{
-		OnTest: func(res stack.IPerf3Result) { results <- res },
+	results := make(chan serve.IPerf3Result, 1)
+	srv, err := serve.ListenIPerf3(r.st, netip.AddrPortFrom(netip.IPv6Unspecified(), 5201), serve.IPerf3Config{
+		OnTest: func(res serve.IPerf3Result) { results <- res },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +223,7 @@ func TestIPerf3Stack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := runIPerf3(t, r.bed.NS, dst, tc.args...)
-			var res stack.IPerf3Result
+			var res serve.IPerf3Result
 			select {
 			case res = <-results:
 			case <-time.After(30 * time.Second):

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // TestTCPBulk sends a bulk stream from the kernel to a hashing receiver on
@@ -100,11 +100,11 @@ func TestTCPEcho(t *testing.T) {
 					t.Fatal(err)
 				}
 				served := make(chan error, 1)
-				go func() { served <- stack.ServeEcho(l) }()
+				go func() { served <- serve.Echo(l) }()
 				defer func() {
 					l.Close()
 					if err := <-served; err != nil {
-						t.Errorf("ServeEcho: %v", err)
+						t.Errorf("Echo: %v", err)
 					}
 				}()
 
@@ -146,11 +146,10 @@ func TestTCPEcho(t *testing.T) {
 
 // echoOutstanding bounds the bytes the echo client has sent but not yet
 // read back, as a real echo client bounds its requests in flight. Without a
-// bound the client pushes data faster than the echo can return it, ustack's
-// receive window closes, and gVisor (strict RFC 793 acceptance, unlike
-// Linux) then ignores the acknowledgements piggybacked on the kernel's data
-// segments: both sides wait on retransmission timeouts. That is a gVisor
-// limitation, noted on the issue; this test is about ustack's data path.
+// bound the client pushes data faster than the echo can return it and
+// ustack's receive window closes (TestTCPCopyEcho covers that case: the
+// link endpoint hands gVisor the acknowledgements it would drop at a closed
+// window); this test is about ustack's data path.
 const echoOutstanding = 4 << 20
 
 // echoWindow makes a writer wait while more than limit bytes written have

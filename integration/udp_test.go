@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // udpHdrLen is the test's own header at the start of every datagram: the
@@ -184,11 +184,11 @@ func TestUDPEcho(t *testing.T) {
 				t.Fatal(err)
 			}
 			served := make(chan error, 1)
-			go func() { served <- stack.ServeUDPEcho(u) }()
+			go func() { served <- serve.UDPEcho(u) }()
 			defer func() {
 				u.Close()
 				if err := <-served; err != nil {
-					t.Errorf("ServeUDPEcho: %v", err)
+					t.Errorf("UDPEcho: %v", err)
 				}
 			}()
 			k, err := r.bed.NS.ListenUDP(r.kernelAP(v6, 0))

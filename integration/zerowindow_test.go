@@ -12,6 +12,7 @@ import (
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // TestTCPCopyEcho runs the simplest Go echo handler, io.Copy(c, c), on
@@ -23,7 +24,7 @@ import (
 // it); the link endpoint hands gVisor the ACK first (zerowindow.go). Without
 // that the transfer stalls in RTO backoff. The echo must come back
 // byte-exact; a stall fails it after stallTimeout without progress. The
-// last case is the check: stack.ServeEcho in the configuration
+// last case is the check: serve.Echo in the configuration
 // where it stalled once in eleven runs, with a client that reads at once.
 func TestTCPCopyEcho(t *testing.T) {
 	needRoot(t)
@@ -36,13 +37,13 @@ func TestTCPCopyEcho(t *testing.T) {
 		name  string
 		v6    bool
 		cfg   stack.Config
-		serve bool // stack.ServeEcho and a fast reader instead
+		serve bool // serve.Echo and a fast reader instead
 	}{
 		{"ipv4/lro-on", false, stack.Config{Driver: driver.Config{LRO: true}}, false},
 		{"ipv6/lro-off", true, stack.Config{}, false},
 		// The configuration: -lro off -xdp hash -cpumap 0,1 -cpumap-gro off.
 		{"ipv4/cpumap", false, stack.Config{XDP: hash, CPUMap: []int{0, 1}, NoCPUMapGRO: true}, false},
-		{"ipv4/cpumap/ServeEcho", false, stack.Config{XDP: hash, CPUMap: []int{0, 1}, NoCPUMapGRO: true}, true},
+		{"ipv4/cpumap/serve.Echo", false, stack.Config{XDP: hash, CPUMap: []int{0, 1}, NoCPUMapGRO: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRigConfig(t, fmt.Sprintf("usit-zw%d", i), 1500, tc.cfg)
@@ -53,7 +54,7 @@ func TestTCPCopyEcho(t *testing.T) {
 			}
 			served := make(chan error, 1)
 			if tc.serve {
-				go func() { served <- stack.ServeEcho(l) }()
+				go func() { served <- serve.Echo(l) }()
 			} else {
 				go func() {
 					c, err := l.Accept()

@@ -2,8 +2,15 @@ package stack
 
 import (
 	"net"
+	"net/netip"
 	"sync/atomic"
 )
+
+// ListenUDPBuffer is ListenUDP with a receive buffer of size bytes, as
+// SO_RCVBUF sets it (gVisor caps it at its maximum; 0: gVisor's default).
+func (s *Stack) ListenUDPBuffer(addr netip.AddrPort, size int) (net.PacketConn, error) {
+	return s.listenUDPBuffer(addr, int64(size))
+}
 
 // packetConn wraps gVisor's gonet UDP socket so that its reads and writes
 // on the closed socket report net.ErrClosed, as the standard library's do

@@ -118,8 +118,6 @@ type Stack struct {
 	ip    *gstack.Stack
 	close sync.Once
 	views viewTotals
-	// servers are the built-in servers' counters (servers.go).
-	servers serverStats
 }
 
 // New builds and starts a stack on cfg.Wire. On error the wire is closed.
@@ -535,5 +533,4 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("icmp_echo_requests", st.ICMP.V4.PacketsReceived.EchoRequest.Value()+st.ICMP.V6.PacketsReceived.EchoRequest.Value())
 	fn("arp_requests_received", st.ARP.RequestsReceived.Value())
 	fn("ndp_neighbor_solicits", st.ICMP.V6.PacketsReceived.NeighborSolicit.Value())
-	s.servers.each(fn)
 }

@@ -11,6 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/ustack/ustack/bufpool"
@@ -208,6 +209,16 @@ func (t *viewTotals) each(fn func(string, uint64)) {
 // ViewStats returns the connection's ReadViews counters. Call it from the
 // reading goroutine or after reads stopped.
 func (c *TCPConn) ViewStats() ViewStats { return c.stats }
+
+// Retransmits returns the number of segments the connection retransmitted
+// (its gVisor endpoint's SendErrors.Retransmits; Linux's tcpi_total_retrans).
+// It is safe from any goroutine, also after Close.
+func (c *TCPConn) Retransmits() uint64 {
+	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
+		return st.SendErrors.Retransmits.Value()
+	}
+	return 0
+}
 
 // ReadViews reads up to max bytes of payload without copying it: it appends
 // views of the RX pages that hold them to vs and returns the result and the

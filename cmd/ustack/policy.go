@@ -15,6 +15,7 @@ import (
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // policy holds the receive-path switches shared by run and bench.
@@ -309,9 +310,9 @@ func (p *policy) tunnelConfig() (*stack.TunnelConfig, error) {
 // or ReadViews with -zero-copy views.
 func (p *policy) discard() func(net.Listener, *atomic.Uint64) error {
 	if p.zeroCopy == "views" {
-		return stack.ServeDiscardViews
+		return serve.DiscardViews
 	}
-	return stack.ServeDiscard
+	return serve.Discard
 }
 
 func parseCPUs(s string) ([]int, error) {
@@ -344,7 +345,7 @@ func (l *prefixList) Set(s string) error {
 }
 
 // serverFlags are run's bounds on its built-in servers (discard, echo,
-// iperf3): see stack.ServerConfig and stack.IPerf3Config, whose defaults
+// iperf3): see serve.Config and serve.IPerf3Config, whose defaults
 // they show. A timeout of 0 means none.
 type serverFlags struct {
 	perSource    int
@@ -356,19 +357,19 @@ type serverFlags struct {
 }
 
 func (f *serverFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.perSource, "server-conns-per-source", stack.DefaultServerConnsPerSource, "discard and echo: connections at once from one source address; one more is closed at once (server_conns_source_refused). One client's parallel test fits (bench opens up to 64), and one source holds at most half of the echo budget")
-	fs.DurationVar(&f.idle, "server-idle-timeout", stack.DefaultServerIdleTimeout, "discard and echo: close a connection whose peer sent nothing for this long, the read deadline (server_idle_timeouts; 0: never). Far beyond a live peer's pauses, short enough that silent peers give their slots back")
-	fs.DurationVar(&f.write, "server-write-timeout", stack.DefaultServerWriteTimeout, "echo: close a connection whose peer took none of its echo for this long, the write deadline (server_write_timeouts; 0: never)")
-	fs.IntVar(&f.echoConnMem, "echo-conn-mem", stack.DefaultEchoConnMemory, "echo: bytes of buffers one connection may hold, its share of the 256 MiB budget (128 connections to take it all)")
-	fs.Float64Var(&f.iperf3Rate, "iperf3-max-rate", stack.DefaultIPerf3MaxRate, "iperf3: bits per second the server sends at most in a test (-R, --bidir), shared by its streams whatever -b asks (0: no cap). Above what ustack sends here, so no measurement is capped")
-	fs.DurationVar(&f.iperf3MaxDur, "iperf3-max-duration", stack.DefaultIPerf3MaxDuration, "iperf3: longest test: a longer -t (with -O) is refused as by iperf3 --server-max-duration, a -n/-k test ends there. One test runs at a time: this is how long one client can hold the server")
-	fs.DurationVar(&f.iperf3Idle, "iperf3-idle-timeout", stack.DefaultIPerf3IdleTimeout, "iperf3: end a running test in which no stream moved a byte for this long (iperf3_idle_timeouts; 0: never), so a silent client gives the test slot back")
+	fs.IntVar(&f.perSource, "server-conns-per-source", serve.DefaultConnsPerSource, "discard and echo: connections at once from one source address; one more is closed at once (server_conns_source_refused). One client's parallel test fits (bench opens up to 64), and one source holds at most half of the echo budget")
+	fs.DurationVar(&f.idle, "server-idle-timeout", serve.DefaultIdleTimeout, "discard and echo: close a connection whose peer sent nothing for this long, the read deadline (server_idle_timeouts; 0: never). Far beyond a live peer's pauses, short enough that silent peers give their slots back")
+	fs.DurationVar(&f.write, "server-write-timeout", serve.DefaultWriteTimeout, "echo: close a connection whose peer took none of its echo for this long, the write deadline (server_write_timeouts; 0: never)")
+	fs.IntVar(&f.echoConnMem, "echo-conn-mem", serve.DefaultEchoConnMemory, "echo: bytes of buffers one connection may hold, its share of the 256 MiB budget (128 connections to take it all)")
+	fs.Float64Var(&f.iperf3Rate, "iperf3-max-rate", serve.DefaultIPerf3MaxRate, "iperf3: bits per second the server sends at most in a test (-R, --bidir), shared by its streams whatever -b asks (0: no cap). Above what ustack sends here, so no measurement is capped")
+	fs.DurationVar(&f.iperf3MaxDur, "iperf3-max-duration", serve.DefaultIPerf3MaxDuration, "iperf3: longest test: a longer -t (with -O) is refused as by iperf3 --server-max-duration, a -n/-k test ends there. One test runs at a time: this is how long one client can hold the server")
+	fs.DurationVar(&f.iperf3Idle, "iperf3-idle-timeout", serve.DefaultIPerf3IdleTimeout, "iperf3: end a running test in which no stream moved a byte for this long (iperf3_idle_timeouts; 0: never), so a silent client gives the test slot back")
 }
 
 // config checks the flags and returns the servers' configurations.
-func (f *serverFlags) config() (stack.ServerConfig, stack.IPerf3Config, error) {
-	var sc stack.ServerConfig
-	var ic stack.IPerf3Config
+func (f *serverFlags) config() (serve.Config, serve.IPerf3Config, error) {
+	var sc serve.Config
+	var ic serve.IPerf3Config
 	if f.perSource <= 0 || f.echoConnMem <= 0 {
 		return sc, ic, fmt.Errorf("-server-conns-per-source and -echo-conn-mem: want > 0")
 	}
@@ -381,8 +382,8 @@ func (f *serverFlags) config() (stack.ServerConfig, stack.IPerf3Config, error) {
 		}
 		return d
 	}
-	sc = stack.ServerConfig{MaxConnsPerSource: f.perSource, IdleTimeout: none(f.idle), WriteTimeout: none(f.write), EchoConnMemory: f.echoConnMem}
-	ic = stack.IPerf3Config{MaxDuration: f.iperf3MaxDur, IdleTimeout: none(f.iperf3Idle), MaxRate: f.iperf3Rate}
+	sc = serve.Config{MaxConnsPerSource: f.perSource, IdleTimeout: none(f.idle), WriteTimeout: none(f.write), EchoConnMemory: f.echoConnMem}
+	ic = serve.IPerf3Config{MaxDuration: f.iperf3MaxDur, IdleTimeout: none(f.iperf3Idle), MaxRate: f.iperf3Rate}
 	if f.iperf3Rate == 0 {
 		ic.MaxRate = -1
 	}
@@ -390,9 +391,9 @@ func (f *serverFlags) config() (stack.ServerConfig, stack.IPerf3Config, error) {
 }
 
 // discardWith is discard with the servers' bounds.
-func (p *policy) discardWith(c stack.ServerConfig) func(net.Listener, *atomic.Uint64) error {
+func (p *policy) discardWith(c serve.Config) func(net.Listener, *atomic.Uint64) error {
 	if p.zeroCopy == "views" {
-		return c.ServeDiscardViews
+		return c.DiscardViews
 	}
-	return c.ServeDiscard
+	return c.Discard
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/driver/xsk"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 func runCmd(args []string) error {
@@ -62,6 +63,10 @@ func runCmd(args []string) error {
 	if err != nil {
 		return usageError{err}
 	}
+	// One Stats for every server: their counters, printed after the
+	// stack's.
+	var srvStats serve.Stats
+	srvCfg.Stats, iperf3Cfg.Stats = &srvStats, &srvStats
 	dport, err := parseServe("discard", *discard, addrs)
 	if err != nil {
 		return usageError{err}
@@ -103,6 +108,7 @@ func runCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	counters := allCounters(s, &srvStats)
 	if strings.HasPrefix(pol.xdp, "xsk:") {
 		stopXSK, err := drainXSK(s, w)
 		if err != nil {
@@ -142,16 +148,16 @@ func runCmd(args []string) error {
 		}
 		closers = append(closers, l, u)
 		if sv.echo {
-			start(func() error { return srvCfg.ServeEcho(l) })
-			start(func() error { return stack.ServeUDPEcho(u) })
+			start(func() error { return srvCfg.Echo(l) })
+			start(func() error { return serve.UDPEcho(u) })
 		} else {
 			start(func() error { return pol.discardWith(srvCfg)(l, nil) })
-			start(func() error { return stack.ServeUDPDiscard(u, nil, nil) })
+			start(func() error { return serve.UDPDiscard(u, nil, nil) })
 		}
 	}
 	if iport.IsValid() {
 		iperf3Cfg.OnTest = logIPerf3
-		srv, err := s.ListenIPerf3(iport, iperf3Cfg)
+		srv, err := serve.ListenIPerf3(s, iport, iperf3Cfg)
 		if err != nil {
 			for _, c := range closers {
 				c.Close()
@@ -170,7 +176,7 @@ func runCmd(args []string) error {
 			return usageError{fmt.Errorf("-metrics %q: %w", *metrics, err)}
 		}
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(stack.NewCollector(s))
+		reg.MustRegister(newCollector(counters))
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -197,7 +203,7 @@ func runCmd(args []string) error {
 	for done := false; !done; {
 		select {
 		case <-tick:
-			printCounters(os.Stdout, s)
+			printCounters(os.Stdout, counters)
 		case <-sig:
 			done = true
 		case <-s.Done():
@@ -213,7 +219,7 @@ func runCmd(args []string) error {
 	}
 	err = s.Close()
 	wg.Wait()
-	printCounters(os.Stdout, s)
+	printCounters(os.Stdout, counters)
 	if rxErr != nil {
 		return fmt.Errorf("receive stopped: %w", rxErr)
 	}
@@ -252,7 +258,7 @@ func parseServe(name, v string, addrs []netip.Prefix) (netip.AddrPort, error) {
 }
 
 // logIPerf3 prints one line on stderr for every iperf3 test served.
-func logIPerf3(r stack.IPerf3Result) {
+func logIPerf3(r serve.IPerf3Result) {
 	if r.Protocol == "" {
 		fmt.Fprintf(os.Stderr, "ustack: iperf3 connection from %s ended before a test: %v\n", r.Client, r.Err)
 		return
@@ -281,10 +287,18 @@ func logIPerf3(r stack.IPerf3Result) {
 	fmt.Fprintln(os.Stderr, line)
 }
 
-// printCounters prints every counter as `ethtool -S` does.
-func printCounters(w io.Writer, s *stack.Stack) {
+// allCounters enumerates run's counters: the stack's, then its servers'.
+func allCounters(s *stack.Stack, st *serve.Stats) func(func(name string, v uint64)) {
+	return func(fn func(string, uint64)) {
+		s.EachCounter(fn)
+		st.EachCounter(fn)
+	}
+}
+
+// printCounters prints every counter each enumerates as `ethtool -S` does.
+func printCounters(w io.Writer, each func(func(name string, v uint64))) {
 	fmt.Fprintln(w, "NIC statistics:")
-	s.EachCounter(func(name string, v uint64) { fmt.Fprintf(w, "     %s: %d\n", name, v) })
+	each(func(name string, v uint64) { fmt.Fprintf(w, "     %s: %d\n", name, v) })
 }
 
 // drainXSK serves `-xdp xsk:PORT`: it binds an AF_XDP socket to s and

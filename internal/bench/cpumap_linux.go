@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/internal/testbed"
-	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // cpumapWorkload is one of the table's workloads.
@@ -95,7 +95,7 @@ func cpumapRun(bed *testbed.TAPBed, exe string, row Row, w cpumapWorkload, dur t
 		if err != nil {
 			return 0, 0, err
 		}
-		go func() { defer close(done); stack.ServeEcho(l) }()
+		go func() { defer close(done); serve.Echo(l) }()
 		defer func() { l.Close(); <-done }()
 	} else {
 		tc, err := st.ListenUDPTrains(ap)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // The bench's TCP senders (Row.Client, ustack bench -client).
@@ -109,7 +110,7 @@ func IPerf3Version() (string, error) {
 // bytes of every test to received. stop closes the server and waits for
 // it.
 func serveIPerf3(st *stack.Stack, ap netip.AddrPort, received *atomic.Uint64) (stop func(), err error) {
-	srv, err := st.ListenIPerf3(ap, stack.IPerf3Config{OnTest: func(r stack.IPerf3Result) { received.Add(r.BytesReceived) }})
+	srv, err := serve.ListenIPerf3(st, ap, serve.IPerf3Config{OnTest: func(r serve.IPerf3Result) { received.Add(r.BytesReceived) }})
 	if err != nil {
 		return nil, err
 	}

@@ -616,7 +616,7 @@ func (s *sink) serve(l net.Listener, cpu int, views bool) {
 
 // viewReader returns a read function for sink.read that takes tc's bytes
 // with ReadViews, at most len(b) at a time, and touches the first byte of
-// each view before releasing it, as stack.ServeDiscardViews does.
+// each view before releasing it, as serve.DiscardViews does.
 func viewReader(tc *stack.TCPConn) func([]byte) (int, error) {
 	vs := make([]stack.View, 0, 256)
 	return func(b []byte) (int, error) {

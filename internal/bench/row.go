@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 // Policy is one configuration of ustack's receive path under measurement,
@@ -41,7 +42,7 @@ func readViews(p Policy) bool { return p != nil && p.ReadViews() }
 // ReadViews when readViews(p).
 func discard(p Policy) func(net.Listener, *atomic.Uint64) error {
 	if readViews(p) {
-		return stack.ServeDiscardViews
+		return serve.DiscardViews
 	}
-	return stack.ServeDiscard
+	return serve.Discard
 }

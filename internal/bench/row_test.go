@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
 )
 
 type fakePolicy struct{ views bool }
@@ -20,9 +21,9 @@ func TestDiscard(t *testing.T) {
 		p    Policy
 		want any
 	}{
-		{"stock", nil, stack.ServeDiscard},
-		{"read", fakePolicy{}, stack.ServeDiscard},
-		{"views", fakePolicy{views: true}, stack.ServeDiscardViews},
+		{"stock", nil, serve.Discard},
+		{"read", fakePolicy{}, serve.Discard},
+		{"views", fakePolicy{views: true}, serve.DiscardViews},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got, want := reflect.ValueOf(discard(tc.p)).Pointer(), reflect.ValueOf(tc.want).Pointer(); got != want {

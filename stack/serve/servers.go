@@ -1,23 +1,21 @@
-package stack
+package serve
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/waiter"
+	"github.com/ustack/ustack/stack"
 )
 
-// ServerConfig bounds what the built-in TCP servers (discard, echo) give
-// one peer, so that what a server holds stays bounded whatever peers open,
-// and an idle or stalled peer gives its connection slot back. The zero
-// value is the defaults.
-type ServerConfig struct {
+// Config bounds what the TCP servers (discard, echo) give one peer, so
+// that what a server holds stays bounded whatever peers open, and an idle
+// or stalled peer gives its connection slot back. The zero value is the
+// defaults.
+type Config struct {
 	// MaxConns bounds the connections the server handles at once; one
 	// more is closed as soon as it is accepted (server_conns_refused).
 	// 0: 4096.
@@ -25,15 +23,15 @@ type ServerConfig struct {
 	// MaxConnsPerSource bounds the connections from one source address
 	// (IPv4-mapped IPv6 addresses count as IPv4), as iptables connlimit
 	// does with its default masks; one more is closed at once
-	// (server_conns_source_refused). 0: DefaultServerConnsPerSource.
+	// (server_conns_source_refused). 0: DefaultConnsPerSource.
 	MaxConnsPerSource int
 	// IdleTimeout closes a connection whose peer sent nothing for this
 	// long: the read deadline, re-armed before every read
-	// (server_idle_timeouts). 0: DefaultServerIdleTimeout; < 0: none.
+	// (server_idle_timeouts). 0: DefaultIdleTimeout; < 0: none.
 	IdleTimeout time.Duration
 	// WriteTimeout closes an echo connection whose peer took none of its
 	// echo for this long: the write deadline of every write
-	// (server_write_timeouts). 0: DefaultServerWriteTimeout; < 0: none.
+	// (server_write_timeouts). 0: DefaultWriteTimeout; < 0: none.
 	WriteTimeout time.Duration
 	// EchoMemory is the budget echo connections share for their buffers
 	// beyond their first. 0: 256 MiB.
@@ -41,9 +39,12 @@ type ServerConfig struct {
 	// EchoConnMemory is the most one echo connection holds in buffers,
 	// its share of EchoMemory. 0: DefaultEchoConnMemory.
 	EchoConnMemory int
+	// Stats, if not nil, gets the server's counters; servers may share
+	// one. nil: the server counts for itself only.
+	Stats *Stats
 }
 
-// The ServerConfig defaults, as a server operator would pick them:
+// The Config defaults, as a server operator would pick them:
 //   - 64 connections per source: what one client needs for a parallel
 //     test (ustack bench opens up to 64 streams), while 64 sources are
 //     needed to take all 4096 slots and one source can take at most half
@@ -57,23 +58,23 @@ type ServerConfig struct {
 //     sends a little before it reads still gets its echo; 128 connections
 //     are needed to take the whole budget.
 const (
-	DefaultServerConnsPerSource = 64
-	DefaultServerIdleTimeout    = 60 * time.Second
-	DefaultServerWriteTimeout   = 60 * time.Second
-	DefaultEchoConnMemory       = 2 << 20
+	DefaultConnsPerSource = 64
+	DefaultIdleTimeout    = 60 * time.Second
+	DefaultWriteTimeout   = 60 * time.Second
+	DefaultEchoConnMemory = 2 << 20
 )
 
-func (c *ServerConfig) maxConns() int { return cmpOr(c.MaxConns, maxServerConns) }
-func (c *ServerConfig) maxPerSource() int {
-	return cmpOr(c.MaxConnsPerSource, DefaultServerConnsPerSource)
+func (c *Config) maxConns() int { return cmpOr(c.MaxConns, maxServerConns) }
+func (c *Config) maxPerSource() int {
+	return cmpOr(c.MaxConnsPerSource, DefaultConnsPerSource)
 }
-func (c *ServerConfig) echoMemory() int     { return cmpOr(c.EchoMemory, echoServerMemory) }
-func (c *ServerConfig) echoConnMemory() int { return cmpOr(c.EchoConnMemory, DefaultEchoConnMemory) }
-func (c *ServerConfig) idleTimeout() time.Duration {
-	return timeoutOr(c.IdleTimeout, DefaultServerIdleTimeout)
+func (c *Config) echoMemory() int     { return cmpOr(c.EchoMemory, echoServerMemory) }
+func (c *Config) echoConnMemory() int { return cmpOr(c.EchoConnMemory, DefaultEchoConnMemory) }
+func (c *Config) idleTimeout() time.Duration {
+	return timeoutOr(c.IdleTimeout, DefaultIdleTimeout)
 }
-func (c *ServerConfig) writeTimeout() time.Duration {
-	return timeoutOr(c.WriteTimeout, DefaultServerWriteTimeout)
+func (c *Config) writeTimeout() time.Duration {
+	return timeoutOr(c.WriteTimeout, DefaultWriteTimeout)
 }
 
 func cmpOr(v, def int) int {
@@ -94,9 +95,11 @@ func timeoutOr(v, def time.Duration) time.Duration {
 	return v
 }
 
-// serverStats are the built-in servers' counters (discard, echo and
-// iperf3), kept by the Stack whose listener they serve.
-type serverStats struct {
+// Stats are the servers' counters: discard's, echo's and iperf3's. The
+// servers given the same Stats (in Config.Stats, IPerf3Config.Stats) count
+// into it together, as `ustack run` gives all of its servers one. The zero
+// value is ready to use.
+type Stats struct {
 	connsRefused, sourceRefused atomic.Uint64
 	idleTimeouts, writeTimeouts atomic.Uint64
 	// bufBytes is the memory the discard and echo connections hold in
@@ -106,7 +109,10 @@ type serverStats struct {
 	iperf3HellosRejected, iperf3IdleTimeouts, iperf3ConnsDropped atomic.Uint64
 }
 
-func (st *serverStats) each(fn func(string, uint64)) {
+// EachCounter calls fn for every counter, in a fixed order, named as the
+// README's counter table names them; it is safe to call while the servers
+// run.
+func (st *Stats) EachCounter(fn func(name string, v uint64)) {
 	fn("server_conns_refused", st.connsRefused.Load())
 	fn("server_conns_source_refused", st.sourceRefused.Load())
 	fn("server_idle_timeouts", st.idleTimeouts.Load())
@@ -117,13 +123,12 @@ func (st *serverStats) each(fn func(string, uint64)) {
 	fn("iperf3_conns_dropped", st.iperf3ConnsDropped.Load())
 }
 
-// statsOf returns the counters of l's Stack, or fresh ones if l is not a
-// Stack's listener.
-func statsOf(l net.Listener) *serverStats {
-	if tl, ok := l.(*tcpListener); ok {
-		return &tl.s.servers
+// stats returns c.Stats, or fresh counters if it is nil.
+func (c *Config) stats() *Stats {
+	if c.Stats != nil {
+		return c.Stats
 	}
-	return new(serverStats)
+	return new(Stats)
 }
 
 // serverBufSize is the read size of the discard server: large enough that
@@ -136,23 +141,23 @@ const serverBufSize = 256 << 10
 // connection.
 var discardBufs = sync.Pool{New: func() any { return new([serverBufSize]byte) }}
 
-// ServeDiscard accepts connections on l and reads and discards everything
+// Discard accepts connections on l and reads and discards everything
 // they send (RFC 863), adding the byte count to n if n is not nil, with
-// the default ServerConfig. It returns when l is closed, after every
+// the default Config. It returns when l is closed, after every
 // connection handler has finished.
-func ServeDiscard(l net.Listener, n *atomic.Uint64) error {
-	return ServerConfig{}.ServeDiscard(l, n)
+func Discard(l net.Listener, n *atomic.Uint64) error {
+	return Config{}.Discard(l, n)
 }
 
-// ServeDiscard is the package's ServeDiscard with c's bounds.
-func (c ServerConfig) ServeDiscard(l net.Listener, n *atomic.Uint64) error {
-	st := statsOf(l)
+// Discard is the package's Discard with c's bounds.
+func (c Config) Discard(l net.Listener, n *atomic.Uint64) error {
+	st := c.stats()
 	return serve(l, &c, st, func(conn net.Conn, quit <-chan struct{}) { discard(conn, n, &c, st, quit) })
 }
 
 // discard reads c until an error, counting into n. It holds a read buffer
 // only while data is there.
-func discard(c net.Conn, n *atomic.Uint64, cfg *ServerConfig, st *serverStats, quit <-chan struct{}) {
+func discard(c net.Conn, n *atomic.Uint64, cfg *Config, st *Stats, quit <-chan struct{}) {
 	r := newServerReader(c, cfg, st, quit)
 	defer r.close()
 	for {
@@ -173,32 +178,32 @@ func discard(c net.Conn, n *atomic.Uint64, cfg *ServerConfig, st *serverStats, q
 	}
 }
 
-// ServeDiscardViews is ServeDiscard reading with TCPConn.ReadViews: the
+// DiscardViews is Discard reading with stack.TCPConn.ReadViews: the
 // payload is looked at in place (each view's first byte is touched) and
 // released, never copied when the stack runs with zero copy.
-func ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
-	return ServerConfig{}.ServeDiscardViews(l, n)
+func DiscardViews(l net.Listener, n *atomic.Uint64) error {
+	return Config{}.DiscardViews(l, n)
 }
 
-// ServeDiscardViews is the package's ServeDiscardViews with c's bounds.
-func (c ServerConfig) ServeDiscardViews(l net.Listener, n *atomic.Uint64) error {
-	st := statsOf(l)
+// DiscardViews is the package's DiscardViews with c's bounds.
+func (c Config) DiscardViews(l net.Listener, n *atomic.Uint64) error {
+	st := c.stats()
 	return serve(l, &c, st, func(conn net.Conn, quit <-chan struct{}) {
-		tc, ok := conn.(*TCPConn)
+		tc, ok := conn.(*stack.TCPConn)
 		if !ok {
 			discard(conn, n, &c, st, quit)
 			return
 		}
 		r := newServerReader(conn, &c, st, quit)
 		defer r.close()
-		var vs []View
+		var vs []stack.View
 		var sink byte
 		for {
 			if err := r.wait(); err != nil {
 				return
 			}
 			if vs == nil {
-				vs = make([]View, 0, 256)
+				vs = make([]stack.View, 0, 256)
 			}
 			var m int
 			var err error
@@ -223,33 +228,32 @@ var discardSink atomic.Uint32
 
 // errServerIdle ends a connection whose peer sent nothing for the idle
 // timeout.
-var errServerIdle = errors.New("stack: connection idle")
+var errServerIdle = errors.New("serve: connection idle")
 
-// serverReader reads a built-in server's connection. For the Stack's own
-// connections it waits for data on the gVisor endpoint's wait queue before
-// the caller takes a buffer, and then reads what is there without
+// serverReader reads a server's connection. For the stack's own
+// connections (*stack.TCPConn) it waits until the connection is readable
+// before the caller takes a buffer, and then reads what is there without
 // blocking, so that a connection whose peer sends nothing holds no buffer.
 // Other connections are read with a blocking Read under a read deadline.
 type serverReader struct {
 	c    net.Conn
-	tc   *TCPConn // nil: not the stack's
+	tc   *stack.TCPConn // nil: not the stack's
 	idle time.Duration
-	st   *serverStats
+	st   *Stats
 	quit <-chan struct{} // closed when the server shuts down
 
-	stop     chan struct{} // closed by abort
-	stopOnce sync.Once
-	entry    waiter.Entry
-	ready    chan struct{}
-	timer    *time.Timer
+	stop       chan struct{} // closed by abort
+	stopOnce   sync.Once
+	ready      <-chan struct{}
+	stopNotify func()
+	timer      *time.Timer
 }
 
-func newServerReader(c net.Conn, cfg *ServerConfig, st *serverStats, quit <-chan struct{}) *serverReader {
+func newServerReader(c net.Conn, cfg *Config, st *Stats, quit <-chan struct{}) *serverReader {
 	r := &serverReader{c: c, idle: cfg.idleTimeout(), st: st, quit: quit, stop: make(chan struct{})}
-	if tc, ok := c.(*TCPConn); ok {
+	if tc, ok := c.(*stack.TCPConn); ok {
 		r.tc = tc
-		r.entry, r.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
-		tc.wq.EventRegister(&r.entry)
+		r.ready, r.stopNotify = tc.NotifyReadable()
 	}
 	return r
 }
@@ -257,7 +261,7 @@ func newServerReader(c net.Conn, cfg *ServerConfig, st *serverStats, quit <-chan
 // close unregisters the reader; call it once reads have stopped.
 func (r *serverReader) close() {
 	if r.tc != nil {
-		r.tc.wq.EventUnregister(&r.entry)
+		r.stopNotify()
 	}
 	if r.timer != nil {
 		r.timer.Stop()
@@ -276,7 +280,7 @@ func (r *serverReader) wait() error {
 		return nil // read blocks, under a deadline
 	}
 	var expired <-chan time.Time
-	for r.tc.ep.Readiness(waiter.ReadableEvents) == 0 {
+	for !r.tc.Readable() {
 		if r.idle > 0 && expired == nil {
 			if r.timer == nil {
 				r.timer = time.NewTimer(r.idle)
@@ -288,7 +292,7 @@ func (r *serverReader) wait() error {
 		select {
 		case <-r.ready:
 		case <-expired:
-			if r.tc.ep.Readiness(waiter.ReadableEvents) != 0 {
+			if r.tc.Readable() {
 				return nil
 			}
 			r.st.idleTimeouts.Add(1)
@@ -319,21 +323,7 @@ func (r *serverReader) read(buf []byte) (int, error) {
 		}
 		return n, err
 	}
-	w := tcpip.SliceWriter(buf)
-	res, err := r.tc.ep.Read(&w, tcpip.ReadOptions{})
-	if res.Count > 0 {
-		r.tc.ep.ModerateRecvBuf(res.Count)
-	}
-	switch err.(type) {
-	case nil:
-		return res.Count, nil
-	case *tcpip.ErrWouldBlock:
-		return 0, nil
-	case *tcpip.ErrClosedForReceive:
-		return 0, io.EOF
-	default:
-		return 0, r.tc.opError(errors.New(err.String()))
-	}
+	return r.tc.TryRead(buf)
 }
 
 func isTimeoutErr(err error) bool {
@@ -341,29 +331,30 @@ func isTimeoutErr(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// ServeEcho accepts connections on l and writes back everything they send
-// (RFC 862), with the default ServerConfig. It returns when l is closed,
+// Echo accepts connections on l and writes back everything they send
+// (RFC 862), with the default Config. It returns when l is closed,
 // after every handler has finished.
 //
 // Each connection reads and writes concurrently through buffers of its
-// own, so that a peer which sends more than the socket buffers hold before
-// it reads still gets its echo. (gVisor, unlike Linux, does not take the
-// acknowledgement from a data segment that meets a zero receive window;
-// an echo that stops reading while its own send waits for that
-// acknowledgement would wait forever.) A connection takes a buffer only
+// own, so that it keeps reading while its writes wait on a slow peer. (A
+// plain io.Copy(c, c) works too over ustack's own link endpoint: gVisor,
+// unlike Linux, drops the acknowledgement of a segment that meets a closed
+// receive window, and the endpoint hands it to gVisor first as a pure ACK,
+// rx_tcp_zero_window_acks. The buffers remain for throughput, and for
+// stacks made by NewWithEndpoint, where that does not happen.) A connection takes a buffer only
 // once data is there to read and gives it back once written: an idle one
 // holds none. Its first buffer is its own; the ones beyond it come from a
 // budget of EchoMemory bytes shared by the server's connections, at most
 // EchoConnMemory per connection, so that a few peers that send without
 // reading can neither make the server hold more than that nor take the
 // whole budget, and WriteTimeout closes them.
-func ServeEcho(l net.Listener) error {
-	return ServerConfig{}.ServeEcho(l)
+func Echo(l net.Listener) error {
+	return Config{}.Echo(l)
 }
 
-// ServeEcho is the package's ServeEcho with c's bounds.
-func (c ServerConfig) ServeEcho(l net.Listener) error {
-	return newEchoServer(&c, statsOf(l)).serve(l)
+// Echo is the package's Echo with c's bounds.
+func (c Config) Echo(l net.Listener) error {
+	return newEchoServer(&c, c.stats()).serve(l)
 }
 
 const (
@@ -373,16 +364,16 @@ const (
 
 var echoBufs = sync.Pool{New: func() any { return new([echoBufSize]byte) }}
 
-// echoServer is ServeEcho's state: budget holds a token for each buffer
+// echoServer is Echo's state: budget holds a token for each buffer
 // its connections hold beyond their first.
 type echoServer struct {
-	cfg    ServerConfig
-	st     *serverStats
+	cfg    Config
+	st     *Stats
 	budget chan struct{}
 	share  int // buffers one connection may hold
 }
 
-func newEchoServer(cfg *ServerConfig, st *serverStats) *echoServer {
+func newEchoServer(cfg *Config, st *Stats) *echoServer {
 	return &echoServer{
 		cfg:    *cfg,
 		st:     st,
@@ -532,7 +523,7 @@ func (e *echoServer) release(ec *echoConn, buf *[echoBufSize]byte, busy bool) {
 	}
 }
 
-// maxServerConns is ServerConfig.MaxConns's default. With it, what a
+// maxServerConns is Config.MaxConns's default. With it, what a
 // server holds in buffers is bounded whatever a peer opens: a read buffer
 // per running reader for discard, echoBufSize per connection with data
 // plus EchoMemory for echo.
@@ -541,7 +532,7 @@ const maxServerConns = 4096
 // serve accepts connections on l and runs handle on each, within cfg's
 // connection limits, until l is closed. handle gets quit, closed when the
 // server shuts down (each connection is also closed then).
-func serve(l net.Listener, cfg *ServerConfig, st *serverStats, handle func(c net.Conn, quit <-chan struct{})) error {
+func serve(l net.Listener, cfg *Config, st *Stats, handle func(c net.Conn, quit <-chan struct{})) error {
 	var (
 		wg        sync.WaitGroup
 		mu        sync.Mutex
@@ -615,9 +606,9 @@ func sourceOf(c net.Conn) netip.Addr {
 	return netip.Addr{}
 }
 
-// ServeUDPDiscard reads datagrams from c until it is closed, counting
+// UDPDiscard reads datagrams from c until it is closed, counting
 // datagrams and bytes if the counters are not nil.
-func ServeUDPDiscard(c net.PacketConn, datagrams, bytes *atomic.Uint64) error {
+func UDPDiscard(c net.PacketConn, datagrams, bytes *atomic.Uint64) error {
 	buf := make([]byte, 65536)
 	for {
 		m, _, err := c.ReadFrom(buf)
@@ -631,9 +622,9 @@ func ServeUDPDiscard(c net.PacketConn, datagrams, bytes *atomic.Uint64) error {
 	}
 }
 
-// ServeUDPEcho sends every datagram read from c back to where it came from,
+// UDPEcho sends every datagram read from c back to where it came from,
 // until c is closed.
-func ServeUDPEcho(c net.PacketConn) error {
+func UDPEcho(c net.PacketConn) error {
 	buf := make([]byte, 65536)
 	for {
 		m, from, err := c.ReadFrom(buf)

@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"cmp"
@@ -11,8 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"github.com/ustack/ustack/stack"
 )
 
 // iperf3Test is one test: its control connection, streams and goroutines.
@@ -67,8 +66,9 @@ type iperf3Stream struct {
 	seq  int      // TCP stream: its place in the server's accept order
 	peer net.Addr // UDP stream: the client's socket
 
-	// retrans is the TCP endpoint's retransmit counter (nil: unknown).
-	retrans *tcpip.StatCounter
+	// retrans is the TCP stream's connection, whose retransmit counter
+	// the stream reports (nil: unknown).
+	retrans *stack.TCPConn
 
 	bytes   atomic.Uint64
 	packets atomic.Uint64 // UDP: datagrams sent, or the highest sequence number received
@@ -150,7 +150,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 	res.Protocol, res.Streams, res.Reverse, res.Bidir = "tcp", set.streams, set.reverse, set.bidir
 	if set.udp {
 		res.Protocol = "udp"
-		if t.udp, err = t.srv.st.listenUDPBuffer(t.srv.addr, iperf3UDPBuffer); err != nil {
+		if t.udp, err = t.srv.st.ListenUDPBuffer(t.srv.addr, iperf3UDPBuffer); err != nil {
 			t.serverError(iperf3ErrStreamListen)
 			return fmt.Errorf("iperf3: %w", err)
 		}
@@ -219,7 +219,7 @@ func (t *iperf3Test) serve(res *IPerf3Result, end *time.Time) error {
 			if n := t.moved(); n != moved {
 				moved, movedAt = n, now
 			} else if now.Sub(movedAt) >= idle {
-				t.srv.st.servers.iperf3IdleTimeouts.Add(1)
+				t.srv.stats.iperf3IdleTimeouts.Add(1)
 				t.send(iperf3ServerTerminate)
 				return ErrIPerf3Idle
 			}
@@ -326,15 +326,11 @@ func (t *iperf3Test) collectStreams(step time.Duration) error {
 	return nil
 }
 
-// tcpRetransmits returns the retransmit counter of c's gVisor endpoint, or
-// nil if c is not one of the stack's TCP connections.
-func tcpRetransmits(c net.Conn) *tcpip.StatCounter {
-	if tc, ok := c.(*TCPConn); ok {
-		if st, ok := tc.ep.Stats().(*tcp.Stats); ok {
-			return &st.SendErrors.Retransmits
-		}
-	}
-	return nil
+// tcpRetransmits returns c if it is one of the stack's TCP connections,
+// which count their retransmits, else nil.
+func tcpRetransmits(c net.Conn) *stack.TCPConn {
+	tc, _ := c.(*stack.TCPConn)
+	return tc
 }
 
 // iperf3StreamID is the id iperf3 gives its i-th stream (iperf_add_stream):

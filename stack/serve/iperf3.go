@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/ustack/ustack/stack"
 )
 
 // The iperf3 protocol, as iperf3 (esnet/iperf: src/iperf_api.c,
@@ -125,6 +127,9 @@ type IPerf3Config struct {
 	// silent gives the server's one test slot back. 0:
 	// DefaultIPerf3IdleTimeout; < 0: none.
 	IdleTimeout time.Duration
+	// Stats, if not nil, gets the server's counters (iperf3_*); it may be
+	// shared with other servers. nil: the server counts for itself only.
+	Stats *Stats
 }
 
 // The IPerf3Config defaults, as a server operator would pick them. The
@@ -134,7 +139,7 @@ type IPerf3Config struct {
 // sender reaches on the test machines, so it caps no measurement there,
 // yet bounds what a client can make the server send (UDP is sent only to
 // the control connection's own address). The idle timeout is that of the
-// built-in servers: a minute without a byte is no measurement.
+// discard and echo servers: a minute without a byte is no measurement.
 const (
 	DefaultIPerf3MaxDuration = 10 * time.Minute
 	DefaultIPerf3MaxRate     = 10e9
@@ -234,7 +239,7 @@ var (
 )
 
 // IPerf3Server serves the iperf3 protocol (the server side of `iperf3 -s`)
-// over a Stack's own TCP and UDP sockets, so that an unmodified iperf3
+// over a stack.Stack's own TCP and UDP sockets, so that an unmodified iperf3
 // client measures the stack. It runs one test at a time: a client that
 // connects during a test gets ACCESS_DENIED, as from iperf3.
 //
@@ -246,10 +251,11 @@ var (
 // authentication. The retransmits of a TCP stream the server sends on are
 // its gVisor endpoint's.
 type IPerf3Server struct {
-	st   *Stack
-	addr netip.AddrPort
-	cfg  IPerf3Config
-	l    net.Listener
+	st    *stack.Stack
+	addr  netip.AddrPort
+	cfg   IPerf3Config
+	l     net.Listener
+	stats *Stats
 
 	ctx       context.Context // done when the server closes
 	cancel    context.CancelFunc
@@ -271,25 +277,29 @@ type IPerf3Server struct {
 // (iperf3_conns_dropped).
 const iperf3MaxPending = 2*iperf3MaxStreams + 16
 
-// ListenIPerf3 listens on addr (TCP; UDP tests open the same port on UDP
-// while they run) for iperf3 clients. Call Serve to serve them. An
+// ListenIPerf3 listens on addr of s (TCP; UDP tests open the same port on
+// UDP while they run) for iperf3 clients. Call Serve to serve them. An
 // unspecified address serves every address of the stack's family, as
-// ListenTCP does.
-func (s *Stack) ListenIPerf3(addr netip.AddrPort, cfg IPerf3Config) (*IPerf3Server, error) {
+// stack.Stack.ListenTCP does.
+func ListenIPerf3(s *stack.Stack, addr netip.AddrPort, cfg IPerf3Config) (*IPerf3Server, error) {
 	l, err := s.ListenTCP(addr)
 	if err != nil {
 		return nil, fmt.Errorf("iperf3: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &IPerf3Server{st: s, addr: addr, cfg: cfg, l: l, ctx: ctx, cancel: cancel, pending: make(chan struct{}, iperf3MaxPending)}, nil
+	stats := cfg.Stats
+	if stats == nil {
+		stats = new(Stats)
+	}
+	return &IPerf3Server{st: s, addr: addr, cfg: cfg, l: l, stats: stats, ctx: ctx, cancel: cancel, pending: make(chan struct{}, iperf3MaxPending)}, nil
 }
 
-// ServeIPerf3 listens on addr and serves iperf3 clients until ctx is done.
+// IPerf3 listens on addr of s and serves iperf3 clients until ctx is done.
 // It returns nil then, once every connection is closed and every goroutine
 // it started has ended; a test running at that moment ends with
 // SERVER_TERMINATE to its client.
-func (s *Stack) ServeIPerf3(ctx context.Context, addr netip.AddrPort, cfg IPerf3Config) error {
-	srv, err := s.ListenIPerf3(addr, cfg)
+func IPerf3(ctx context.Context, s *stack.Stack, addr netip.AddrPort, cfg IPerf3Config) error {
+	srv, err := ListenIPerf3(s, addr, cfg)
 	if err != nil {
 		return err
 	}
@@ -374,7 +384,7 @@ func (srv *IPerf3Server) goPending(c net.Conn, fn func()) {
 	case srv.pending <- struct{}{}:
 	default:
 		c.Close()
-		srv.st.servers.iperf3ConnsDropped.Add(1)
+		srv.stats.iperf3ConnsDropped.Add(1)
 		return
 	}
 	srv.wg.Add(1)

@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"encoding/binary"
@@ -111,7 +111,7 @@ func (s *iperf3Stream) retransmits() uint64 {
 	if s.retrans == nil {
 		return 0
 	}
-	return s.retrans.Value()
+	return s.retrans.Retransmits()
 }
 
 // fill adds the streams' counts to res.

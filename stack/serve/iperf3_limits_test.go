@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"encoding/binary"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack"
 )
 
 // TestIPerf3SpoofedHello: a UDP hello from another address than the
@@ -17,10 +19,10 @@ import (
 // the server sends nothing to B; the client's own hello (from A) then
 // gets the stream, and the reverse test sends to A only.
 func TestIPerf3SpoofedHello(t *testing.T) {
-	rx, peer := newPair(t,
-		Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}},
-		Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("192.0.2.3/24")}})
-	_, results := startIPerf3(t, rx, IPerf3Config{})
+	rx, peer := stacktest.NewPair(t,
+		stack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}},
+		stack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix("192.0.2.3/24")}})
+	srv, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	a := addrPortOf(c.ctrl.LocalAddr()).Addr()
 	b := netip.MustParseAddr("192.0.2.3")
@@ -31,7 +33,7 @@ func TestIPerf3SpoofedHello(t *testing.T) {
 	// -u -R -b 0: as fast as the server sends, which the hello aims.
 	c.start(map[string]any{"udp": true, "time": 10, "blockcount": blocks, "parallel": 1, "reverse": true, "len": 200, "bandwidth": 0})
 
-	udpBefore := counterMap(peer)["udp_packets_received"]
+	udpBefore := counterMap(peer, nil)["udp_packets_received"]
 	spoof, err := peer.ListenUDP(netip.AddrPortFrom(b, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +43,7 @@ func TestIPerf3SpoofedHello(t *testing.T) {
 	if _, err := spoof.WriteTo(binary.LittleEndian.AppendUint32(nil, iperf3UDPConnectMsg), dst); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the spoofed hello counted", func() bool { return counterMap(rx)["iperf3_udp_hellos_rejected"] == 1 })
+	waitFor(t, "the spoofed hello counted", func() bool { return counterMap(rx, srv.stats)["iperf3_udp_hellos_rejected"] == 1 })
 
 	u := c.udpHello() // from A: answered
 	c.expect(iperf3TestStart)
@@ -59,14 +61,14 @@ func TestIPerf3SpoofedHello(t *testing.T) {
 	// Everything the server sent over UDP since the spoofed hello has
 	// arrived (the wire is in order, and the results came after it): the
 	// reply to A's hello and the blocks, nothing for B.
-	if got, want := counterMap(peer)["udp_packets_received"]-udpBefore, uint64(1+blocks); got != want {
+	if got, want := counterMap(peer, nil)["udp_packets_received"]-udpBefore, uint64(1+blocks); got != want {
 		t.Errorf("UDP datagrams the peer received during the test: got %d, want %d (A's reply and blocks only)", got, want)
 	}
 	spoof.SetReadDeadline(time.Now())
 	if n, from, err := spoof.ReadFrom(buf); err == nil {
 		t.Errorf("spoofed address B got %d bytes from %v, want nothing", n, from)
 	}
-	if got := counterMap(rx)["iperf3_udp_hellos_rejected"]; got != 1 {
+	if got := counterMap(rx, srv.stats)["iperf3_udp_hellos_rejected"]; got != 1 {
 		t.Errorf("iperf3_udp_hellos_rejected: got %d, want 1", got)
 	}
 }
@@ -75,8 +77,8 @@ func TestIPerf3SpoofedHello(t *testing.T) {
 // the idle timeout, with SERVER_TERMINATE and counted, and the server is
 // free for the next client.
 func TestIPerf3IdleTimeout(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
-	_, results := startIPerf3(t, rx, IPerf3Config{IdleTimeout: time.Second})
+	rx, peer := stacktest.Pair(t, driver.Config{})
+	srv, results := startIPerf3(t, rx, IPerf3Config{IdleTimeout: time.Second})
 	c := dialIPerf3(t, peer, testCookie)
 	c.start(map[string]any{"tcp": true, "time": 300, "parallel": 1})
 	c.dialStream() // and sends nothing
@@ -86,7 +88,7 @@ func TestIPerf3IdleTimeout(t *testing.T) {
 	if r := result(t, results); !errors.Is(r.Err, ErrIPerf3Idle) {
 		t.Errorf("result error: got %v, want %v", r.Err, ErrIPerf3Idle)
 	}
-	if got := counterMap(rx)["iperf3_idle_timeouts"]; got != 1 {
+	if got := counterMap(rx, srv.stats)["iperf3_idle_timeouts"]; got != 1 {
 		t.Errorf("iperf3_idle_timeouts: got %d, want 1", got)
 	}
 	next := dialIPerf3(t, peer, testCookie)
@@ -124,7 +126,7 @@ func TestIPerf3RateCap(t *testing.T) {
 // TestIPerf3PendingBound: with iperf3MaxPending connections already being
 // refused, one more is closed at once, without a goroutine, and counted.
 func TestIPerf3PendingBound(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	srv, _ := startIPerf3(t, rx, IPerf3Config{})
 	a := dialIPerf3(t, peer, testCookie)
 	a.expect(iperf3ParamExchange) // the test slot is taken
@@ -140,7 +142,7 @@ func TestIPerf3PendingBound(t *testing.T) {
 	if got, err := io.ReadAll(b.ctrl); len(got) != 0 {
 		t.Errorf("connection over the bound: got %v, %v; want it closed without ACCESS_DENIED", got, err)
 	}
-	if got := counterMap(rx)["iperf3_conns_dropped"]; got != 1 {
+	if got := counterMap(rx, srv.stats)["iperf3_conns_dropped"]; got != 1 {
 		t.Errorf("iperf3_conns_dropped: got %d, want 1", got)
 	}
 }

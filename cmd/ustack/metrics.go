@@ -1,4 +1,4 @@
-package stack
+package main
 
 import (
 	"strings"
@@ -6,24 +6,27 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Collector exports a Stack's counters as Prometheus metrics, one per
-// counter, named ustack_<counter> (gauges for the few that are levels, such
-// as rx_pp_pages_in_use; counters otherwise). Register it with a
+// collector exports counters as Prometheus metrics, one per counter, named
+// ustack_<counter> (gauges for the few that are levels, such as
+// rx_pp_pages_in_use; counters otherwise). each enumerates the counters:
+// run's are the stack's and its servers'. Register it with a
 // prometheus.Registry and serve that with promhttp.
-type Collector struct {
-	s *Stack
+type collector struct {
+	each func(fn func(name string, v uint64))
 }
 
-// NewCollector returns a Collector for s.
-func NewCollector(s *Stack) *Collector { return &Collector{s: s} }
+// newCollector returns a collector of the counters each enumerates.
+func newCollector(each func(fn func(name string, v uint64))) *collector {
+	return &collector{each: each}
+}
 
 // Describe implements prometheus.Collector. The set of counters depends on
 // the stack's configuration, so the collector is unchecked.
-func (c *Collector) Describe(chan<- *prometheus.Desc) {}
+func (c *collector) Describe(chan<- *prometheus.Desc) {}
 
 // Collect implements prometheus.Collector.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	c.s.EachCounter(func(name string, v uint64) {
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.each(func(name string, v uint64) {
 		typ, help := prometheus.CounterValue, "ustack counter "+name+" (see README.md, Counters)."
 		if isGauge(name) {
 			typ = prometheus.GaugeValue

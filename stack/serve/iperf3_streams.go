@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"context"
@@ -67,7 +67,7 @@ func (t *iperf3Test) readUDP() {
 				continue
 			}
 			if ap.Addr().Unmap() != client {
-				t.srv.st.servers.iperf3HellosRejected.Add(1)
+				t.srv.stats.iperf3HellosRejected.Add(1)
 				continue
 			}
 			i := len(peers)

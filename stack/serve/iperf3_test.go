@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack"
 )
 
 // The tests play the iperf3 client over the in-memory wire, message by
@@ -24,11 +26,14 @@ var iperf3Addr = netip.MustParseAddrPort("192.0.2.1:5201")
 // startIPerf3 serves iperf3 on rx and returns the server and a channel of
 // its test results. Cleanup closes the server and checks that Serve
 // returned, which it does only once every goroutine it started has ended.
-func startIPerf3(t *testing.T, rx *Stack, cfg IPerf3Config) (*IPerf3Server, <-chan IPerf3Result) {
+func startIPerf3(t *testing.T, rx *stack.Stack, cfg IPerf3Config) (*IPerf3Server, <-chan IPerf3Result) {
 	t.Helper()
 	results := make(chan IPerf3Result, 10)
 	cfg.OnTest = func(r IPerf3Result) { results <- r }
-	srv, err := rx.ListenIPerf3(iperf3Addr, cfg)
+	if cfg.Stats == nil {
+		cfg.Stats = new(Stats)
+	}
+	srv, err := ListenIPerf3(rx, iperf3Addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,13 +56,13 @@ func startIPerf3(t *testing.T, rx *Stack, cfg IPerf3Config) (*IPerf3Server, <-ch
 // testClient is the client side of one iperf3 test.
 type testClient struct {
 	t      *testing.T
-	peer   *Stack
+	peer   *stack.Stack
 	ctrl   net.Conn
 	cookie [iperf3CookieSize]byte
 }
 
 // dialIPerf3 connects a control connection and sends the cookie.
-func dialIPerf3(t *testing.T, peer *Stack, cookie string) *testClient {
+func dialIPerf3(t *testing.T, peer *stack.Stack, cookie string) *testClient {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), iperf3TestTimeout)
 	defer cancel()
@@ -195,7 +200,7 @@ func result(t *testing.T, results <-chan IPerf3Result) IPerf3Result {
 const testCookie = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 func TestIPerf3TCP(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	srv, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	c.start(map[string]any{"tcp": true, "time": 10, "parallel": 2, "len": 1000, "client_version": "3.12"})
@@ -254,7 +259,7 @@ func TestIPerf3TCP(t *testing.T) {
 // accepted them, as iperf3 does, even when the second stream's cookie comes
 // first: the client matches the results to its streams by number.
 func TestIPerf3StreamOrder(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	srv, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	c.start(map[string]any{"tcp": true, "time": 10, "parallel": 2, "len": 1000, "client_version": "3.12"})
@@ -288,7 +293,7 @@ func TestIPerf3StreamOrder(t *testing.T) {
 }
 
 func TestIPerf3ReverseBytes(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	_, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	const num, blk = 1 << 20, 10000
@@ -362,7 +367,7 @@ func (c *testClient) udpHello() net.PacketConn {
 }
 
 func TestIPerf3UDP(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	srv, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	c.start(map[string]any{"udp": true, "time": 10, "parallel": 1, "len": 100, "bandwidth": 1e6})
@@ -392,7 +397,7 @@ func TestIPerf3UDP(t *testing.T) {
 }
 
 func TestIPerf3UDPReverse(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	_, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	const blocks = 5
@@ -437,7 +442,7 @@ func readDenied(t *testing.T, c net.Conn) {
 }
 
 func TestIPerf3Busy(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	_, results := startIPerf3(t, rx, IPerf3Config{})
 	a := dialIPerf3(t, peer, testCookie)
 	a.start(map[string]any{"tcp": true, "time": 10, "parallel": 1})
@@ -480,7 +485,7 @@ func TestIPerf3ClientVanishes(t *testing.T) {
 		{"udp-reverse-running", map[string]any{"udp": true, "time": 10, "parallel": 1, "reverse": true, "len": 1000, "bandwidth": 1e6}, iperf3TestRunning},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rx, peer := pair(t, driver.Config{})
+			rx, peer := stacktest.Pair(t, driver.Config{})
 			_, results := startIPerf3(t, rx, IPerf3Config{StepTimeout: iperf3TestTimeout})
 			c := dialIPerf3(t, peer, testCookie)
 			var conns []io.Closer
@@ -514,7 +519,7 @@ func TestIPerf3ClientVanishes(t *testing.T) {
 }
 
 func TestIPerf3ServerClose(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	srv, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	c.start(map[string]any{"tcp": true, "time": 10, "parallel": 1})
@@ -535,7 +540,7 @@ func TestIPerf3ServerClose(t *testing.T) {
 func TestIPerf3CloseWhileWaiting(t *testing.T) {
 	for _, phase := range []string{"parameters", "results"} {
 		t.Run(phase, func(t *testing.T) {
-			rx, peer := pair(t, driver.Config{})
+			rx, peer := stacktest.Pair(t, driver.Config{})
 			srv, results := startIPerf3(t, rx, IPerf3Config{StepTimeout: time.Hour})
 			c := dialIPerf3(t, peer, testCookie)
 			if phase == "parameters" {
@@ -577,7 +582,7 @@ func TestIPerf3ServerError(t *testing.T) {
 		{"max-duration", map[string]any{"tcp": true, "time": 590, "omit": 20}, iperf3ErrMaxDuration},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rx, peer := pair(t, driver.Config{})
+			rx, peer := stacktest.Pair(t, driver.Config{})
 			_, results := startIPerf3(t, rx, IPerf3Config{})
 			c := dialIPerf3(t, peer, testCookie)
 			c.expect(iperf3ParamExchange)

@@ -1,4 +1,4 @@
-package stack
+package serve
 
 import (
 	"context"
@@ -14,13 +14,15 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack"
 )
 
 // TestServeConnLimit: a server at its connection limit closes the next
 // connection at once and counts it; once a connection ends, it accepts
 // again.
 func TestServeConnLimit(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	ap := netip.MustParseAddrPort("192.0.2.1:7100")
 	l, err := rx.ListenTCP(ap)
 	if err != nil {
@@ -28,8 +30,9 @@ func TestServeConnLimit(t *testing.T) {
 	}
 	var mu sync.Mutex
 	handled := 0
+	st := new(Stats)
 	serveInBackground(t, l, func() error {
-		return serve(l, &ServerConfig{MaxConns: 2}, statsOf(l), func(c net.Conn, _ <-chan struct{}) {
+		return serve(l, &Config{MaxConns: 2}, st, func(c net.Conn, _ <-chan struct{}) {
 			mu.Lock()
 			handled++
 			mu.Unlock()
@@ -59,15 +62,15 @@ func TestServeConnLimit(t *testing.T) {
 	if n, err := over.Read(make([]byte, 1)); err == nil || isTimeout(err) {
 		t.Fatalf("third connection over a limit of 2: read %d bytes, %v; want it closed by the server", n, err)
 	}
-	if got := counterMap(rx)["server_conns_refused"]; got != 1 {
+	if got := counterMap(rx, st)["server_conns_refused"]; got != 1 {
 		t.Errorf("server_conns_refused: got %d, want 1", got)
 	}
 	a.Close()
-	waitFor(t, "the closed connection ends", func() bool { return counterMap(rx)["tcp_established"] < 4 })
+	waitFor(t, "the closed connection ends", func() bool { return counterMap(rx, st)["tcp_established"] < 4 })
 	d := dial()
 	defer d.Close()
 	handlers(3)
-	if got := counterMap(rx)["server_conns_refused"]; got != 1 {
+	if got := counterMap(rx, st)["server_conns_refused"]; got != 1 {
 		t.Errorf("server_conns_refused after a slot freed: got %d, want 1", got)
 	}
 }
@@ -77,14 +80,14 @@ func TestServeConnLimit(t *testing.T) {
 // comes back, the budget is never exceeded, and an idle connection gives
 // its spare buffers back.
 func TestEchoBudget(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	ap := netip.MustParseAddrPort("192.0.2.1:7101")
 	l, err := rx.ListenTCP(ap)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const budget = 6 // buffers beyond each connection's first, for both
-	e := newEchoServer(&ServerConfig{EchoMemory: budget * echoBufSize}, statsOf(l))
+	e := newEchoServer(&Config{EchoMemory: budget * echoBufSize}, new(Stats))
 	t.Cleanup(func() { // after the server returned
 		if n := len(e.budget); n != 0 {
 			t.Errorf("budget tokens held after the server returned: %d, want 0", n)
@@ -171,7 +174,7 @@ func isTimeout(err error) bool {
 }
 
 // dialN connects n TCP connections from peer to ap, closed at cleanup.
-func dialN(t *testing.T, peer *Stack, ap netip.AddrPort, n int) []net.Conn {
+func dialN(t *testing.T, peer *stack.Stack, ap netip.AddrPort, n int) []net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -204,7 +207,7 @@ func echoOnce(t *testing.T, c net.Conn, msg string) {
 // connections that send nothing: the server closes them once the idle
 // timeout passed, counts them, and then serves a new client.
 func TestServeIdleTimeout(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	ap := netip.MustParseAddrPort("192.0.2.1:7102")
 	l, err := rx.ListenTCP(ap)
 	if err != nil {
@@ -212,8 +215,9 @@ func TestServeIdleTimeout(t *testing.T) {
 	}
 	// Long enough that the new client below, which writes at once, is
 	// not idle on a loaded machine.
-	cfg := ServerConfig{MaxConns: 3, IdleTimeout: 3 * time.Second}
-	serveInBackground(t, l, func() error { return cfg.ServeEcho(l) })
+	st := new(Stats)
+	cfg := Config{MaxConns: 3, IdleTimeout: 3 * time.Second, Stats: st}
+	serveInBackground(t, l, func() error { return cfg.Echo(l) })
 	idle := dialN(t, peer, ap, 3)
 	echoOnce(t, idle[0], "served, then idle")
 	for i, c := range idle {
@@ -222,12 +226,12 @@ func TestServeIdleTimeout(t *testing.T) {
 			t.Fatalf("idle connection %d: read %d bytes, %v; want EOF from the server's close", i, n, err)
 		}
 	}
-	if got := counterMap(rx)["server_idle_timeouts"]; got != 3 {
+	if got := counterMap(rx, st)["server_idle_timeouts"]; got != 3 {
 		t.Errorf("server_idle_timeouts: got %d, want 3", got)
 	}
 	c := dialN(t, peer, ap, 1)[0]
 	echoOnce(t, c, "a new client after the idle ones")
-	if got := counterMap(rx)["server_conns_refused"]; got != 0 {
+	if got := counterMap(rx, st)["server_conns_refused"]; got != 0 {
 		t.Errorf("server_conns_refused: got %d, want 0", got)
 	}
 }
@@ -235,14 +239,15 @@ func TestServeIdleTimeout(t *testing.T) {
 // TestServeConnsPerSource: a source at its connection limit gets the next
 // connection closed at once, counted; another source is still served.
 func TestServeConnsPerSource(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	l, err := rx.ListenTCP(netip.MustParseAddrPort("[::]:7103"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var n atomic.Uint64
-	cfg := ServerConfig{MaxConnsPerSource: 2}
-	serveInBackground(t, l, func() error { return cfg.ServeDiscard(l, &n) })
+	st := new(Stats)
+	cfg := Config{MaxConnsPerSource: 2, Stats: st}
+	serveInBackground(t, l, func() error { return cfg.Discard(l, &n) })
 	v4 := netip.MustParseAddrPort("192.0.2.1:7103")
 	v6 := netip.MustParseAddrPort("[2001:db8::1]:7103")
 	ok := dialN(t, peer, v4, 2)
@@ -257,7 +262,7 @@ func TestServeConnsPerSource(t *testing.T) {
 	if m, err := over.Read(make([]byte, 1)); err == nil || isTimeout(err) {
 		t.Fatalf("third connection of a source over a limit of 2: read %d bytes, %v; want it closed by the server", m, err)
 	}
-	if got := counterMap(rx)["server_conns_source_refused"]; got != 1 {
+	if got := counterMap(rx, st)["server_conns_source_refused"]; got != 1 {
 		t.Errorf("server_conns_source_refused: got %d, want 1", got)
 	}
 	other := dialN(t, peer, v6, 1)[0]
@@ -265,7 +270,7 @@ func TestServeConnsPerSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "another source served", func() bool { return n.Load() == 4 })
-	if got := counterMap(rx)["server_conns_refused"]; got != 0 {
+	if got := counterMap(rx, st)["server_conns_refused"]; got != 0 {
 		t.Errorf("server_conns_refused: got %d, want 0", got)
 	}
 }
@@ -276,17 +281,18 @@ func TestServeIdleHoldsNoBuffer(t *testing.T) {
 	for _, echo := range []bool{false, true} {
 		name := map[bool]string{false: "discard", true: "echo"}[echo]
 		t.Run(name, func(t *testing.T) {
-			rx, peer := pair(t, driver.Config{})
+			rx, peer := stacktest.Pair(t, driver.Config{})
 			ap := netip.MustParseAddrPort("192.0.2.1:7104")
 			l, err := rx.ListenTCP(ap)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var n atomic.Uint64
+			st := new(Stats)
 			if echo {
-				serveInBackground(t, l, func() error { return ServeEcho(l) })
+				serveInBackground(t, l, func() error { return Config{Stats: st}.Echo(l) })
 			} else {
-				serveInBackground(t, l, func() error { return ServeDiscard(l, &n) })
+				serveInBackground(t, l, func() error { return Config{Stats: st}.Discard(l, &n) })
 			}
 			const conns, size = 8, 100 << 10
 			cs := dialN(t, peer, ap, conns)
@@ -304,8 +310,8 @@ func TestServeIdleHoldsNoBuffer(t *testing.T) {
 			} else {
 				waitFor(t, "every byte discarded", func() bool { return n.Load() == conns*size })
 			}
-			waitFor(t, "idle connections hold no buffer", func() bool { return counterMap(rx)["server_buf_bytes_current"] == 0 })
-			if got := counterMap(rx)["tcp_established"]; got < conns {
+			waitFor(t, "idle connections hold no buffer", func() bool { return counterMap(rx, st)["server_buf_bytes_current"] == 0 })
+			if got := counterMap(rx, st)["tcp_established"]; got < conns {
 				t.Errorf("tcp_established: got %d, want the %d connections still open", got, conns)
 			}
 		})
@@ -331,15 +337,15 @@ func sendNoRead(c net.Conn, written *atomic.Uint64) {
 // share of the echo budget, so another connection still gets its buffers
 // and its echo intact.
 func TestEchoShare(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	ap := netip.MustParseAddrPort("192.0.2.1:7105")
 	l, err := rx.ListenTCP(ap)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const budget, share, abusers = 6, 3, 2 // tokens; buffers per connection
-	cfg := ServerConfig{EchoMemory: budget * echoBufSize, EchoConnMemory: share * echoBufSize, WriteTimeout: -1}
-	e := newEchoServer(&cfg, statsOf(l))
+	cfg := Config{EchoMemory: budget * echoBufSize, EchoConnMemory: share * echoBufSize, WriteTimeout: -1}
+	e := newEchoServer(&cfg, new(Stats))
 	serveInBackground(t, l, func() error { return e.serve(l) })
 	stuck := abusers * (share - 1) // each holds its first buffer and share-1 with tokens
 	var written atomic.Uint64
@@ -389,18 +395,19 @@ func TestEchoShare(t *testing.T) {
 // reads is closed once a write waited for the write timeout, and its
 // budget tokens come back.
 func TestEchoWriteTimeout(t *testing.T) {
-	rx, peer := pair(t, driver.Config{})
+	rx, peer := stacktest.Pair(t, driver.Config{})
 	ap := netip.MustParseAddrPort("192.0.2.1:7106")
 	l, err := rx.ListenTCP(ap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := ServerConfig{EchoMemory: 4 * echoBufSize, WriteTimeout: time.Second}
-	e := newEchoServer(&cfg, statsOf(l))
+	st := new(Stats)
+	cfg := Config{EchoMemory: 4 * echoBufSize, WriteTimeout: time.Second}
+	e := newEchoServer(&cfg, st)
 	serveInBackground(t, l, func() error { return e.serve(l) })
 	c := dialN(t, peer, ap, 1)[0]
 	go sendNoRead(c, new(atomic.Uint64))
-	waitFor(t, "server_write_timeouts counts the connection", func() bool { return counterMap(rx)["server_write_timeouts"] == 1 })
+	waitFor(t, "server_write_timeouts counts the connection", func() bool { return counterMap(rx, st)["server_write_timeouts"] == 1 })
 	waitFor(t, "its budget tokens back", func() bool { return len(e.budget) == 0 })
-	waitFor(t, "its buffers back", func() bool { return counterMap(rx)["server_buf_bytes_current"] == 0 })
+	waitFor(t, "its buffers back", func() bool { return counterMap(rx, st)["server_buf_bytes_current"] == 0 })
 }

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack/serve"
+)
+
+func TestCollector(t *testing.T) {
+	rx, peer := stacktest.Pair(t, driver.Config{})
+	// Three datagrams from the peer; a connection refused by a closed
+	// port resolves the neighbours first (gVisor queues only a few
+	// packets while it waits for ARP).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:1")); err == nil {
+		c.Close()
+	}
+	pu, err := peer.ListenUDP(netip.MustParseAddrPort("192.0.2.2:5555"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pu.Close()
+	for range 3 {
+		if _, err := pu.WriteTo(make([]byte, 100), net.UDPAddrFromAddrPort(netip.MustParseAddrPort("192.0.2.1:9"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The burst is sent; wait until the receiver has polled it.
+	for deadline := time.Now().Add(5 * time.Second); stacktest.Counters(rx.EachCounter)["rx_packets"] < 3 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(newCollector(rx.EachCounter)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := testutil.GatherAndCount(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(rx.Counters()); n != want {
+		t.Errorf("metrics: got %d, want one per counter (%d)", n, want)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "ustack_rx_packets" {
+			found = true
+			if v := mf.GetMetric()[0].GetCounter().GetValue(); v < 3 {
+				t.Errorf("ustack_rx_packets: got %v, want >= 3", v)
+			}
+			if !strings.Contains(mf.GetHelp(), "rx_packets") {
+				t.Errorf("help text %q does not name the counter", mf.GetHelp())
+			}
+		}
+		if mf.GetName() == "ustack_rx_pp_pages_in_use" && mf.GetMetric()[0].GetGauge() == nil {
+			t.Errorf("ustack_rx_pp_pages_in_use: want a gauge")
+		}
+	}
+	if !found {
+		t.Errorf("no ustack_rx_packets metric")
+	}
+}
+
+// TestRunCounters: run prints (and exports) the stack's counters and then
+// its servers', every one of them.
+func TestRunCounters(t *testing.T) {
+	rx, _ := stacktest.Pair(t, driver.Config{})
+	var st serve.Stats
+	var b strings.Builder
+	printCounters(&b, allCounters(rx, &st))
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if want := 1 + len(rx.Counters()) + len(stacktest.Counters(st.EachCounter)); len(lines) != want {
+		t.Fatalf("printCounters: got %d lines, want %d (a header, the stack's counters and the servers')", len(lines), want)
+	}
+	if got, want := strings.TrimSpace(lines[len(lines)-1]), "iperf3_conns_dropped: 0"; got != want {
+		t.Errorf("last line: got %q, want %q (the servers' last counter)", got, want)
+	}
+	if !strings.Contains(b.String(), "server_conns_refused: 0") || !strings.Contains(b.String(), "rx_packets: ") {
+		t.Errorf("printCounters: want the stack's rx_packets and the servers' server_conns_refused in\n%s", b.String())
+	}
+}
