@@ -258,14 +258,32 @@ func TestIPerf3TCP(t *testing.T) {
 // TestIPerf3StreamOrder numbers TCP streams in the order the server
 // accepted them, as iperf3 does, even when the second stream's cookie comes
 // first: the client matches the results to its streams by number.
+// accepted returns the TCP stream connections the running test has
+// accepted.
+func accepted(srv *IPerf3Server) int {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.cur == nil {
+		return 0
+	}
+	return srv.cur.accepts
+}
+
 func TestIPerf3StreamOrder(t *testing.T) {
 	rx, peer := stacktest.Pair(t, driver.Config{})
 	srv, results := startIPerf3(t, rx, IPerf3Config{})
 	c := dialIPerf3(t, peer, testCookie)
 	c.start(map[string]any{"tcp": true, "time": 10, "parallel": 2, "len": 1000, "client_version": "3.12"})
 	first := c.connectStream()
+	// The server must have accepted the first stream before the second
+	// connects: gVisor completes two handshakes on processor goroutines
+	// of their own (chosen by the flow's hash), so their accept order is
+	// not the client's connect order unless one is done first (a real
+	// client's connect is, by the time it sends the cookie). Under load
+	// the test saw them swapped.
+	waitFor(t, "the first stream accepted", func() bool { return accepted(srv) == 1 })
 	second := c.dialStream()
-	time.Sleep(100 * time.Millisecond) // the second stream joins first
+	time.Sleep(100 * time.Millisecond) // the second stream joins first (if not, the test is weaker, not wrong)
 	if _, err := first.Write(c.cookie[:]); err != nil {
 		t.Fatal(err)
 	}
