@@ -1,10 +1,13 @@
 package cpumap
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
 
 // Ethernet and IP constants the built-in programs parse with.
 const (
-	ethHdrLen   = 14
 	vlanHdrLen  = 4
 	maxVLANTags = 2 // 802.1ad outer tag, 802.1Q inner tag
 
@@ -56,11 +59,11 @@ func (f *flow) ports(b []byte) bool {
 //	IPv4      ver/ihl tos len(2) id(2) flags/off(2) ttl proto csum(2) src(4) dst(4) [opts]
 //	IPv6      ver/tc/label(4) len(2) next hop src(16) dst(16) [ext hdrs]
 func parseFlow(b []byte, f *flow) bool {
-	if len(b) < ethHdrLen {
+	if len(b) < header.EthernetMinimumSize {
 		return false
 	}
 	et := binary.BigEndian.Uint16(b[12:])
-	off := ethHdrLen
+	off := header.EthernetMinimumSize
 	for i := 0; i < maxVLANTags && (et == etherTypeVLAN || et == etherTypeQinQ); i++ {
 		if len(b) < off+vlanHdrLen {
 			return false

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // FuzzPrograms runs the built-in programs on arbitrary bytes: none may
@@ -55,7 +57,7 @@ func FuzzPrograms(f *testing.F) {
 		// parseFlow's offsets stay sane.
 		var fl flow
 		if parseFlow(p.Linear, &fl) {
-			if fl.l3 < ethHdrLen || fl.l3 > len(p.Linear) {
+			if fl.l3 < header.EthernetMinimumSize || fl.l3 > len(p.Linear) {
 				t.Fatalf("got l3 %d, frame of %d bytes", fl.l3, len(p.Linear))
 			}
 			if fl.l4 >= 0 && fl.l4 <= fl.l3 {

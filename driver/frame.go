@@ -1,6 +1,10 @@
 package driver
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
 
 // L3Type is the network-layer protocol of a frame.
 type L3Type uint8
@@ -46,7 +50,6 @@ const (
 
 // Header sizes.
 const (
-	ethHdrLen       = 14
 	vlanTagLen      = 4
 	arpLen          = 28 // Ethernet/IPv4 ARP
 	ipv4MinHdrLen   = 20
@@ -105,13 +108,13 @@ func (fi *FrameInfo) HeaderLen() int {
 // but first, or more than 8 extension headers, is DropBadIPv6ExtHdr.
 func ParseFrame(frame []byte, fi *FrameInfo) Drop {
 	*fi = FrameInfo{}
-	if len(frame) < ethHdrLen {
+	if len(frame) < header.EthernetMinimumSize {
 		return DropShortEther
 	}
-	l2 := ethHdrLen
+	l2 := header.EthernetMinimumSize
 	et := binary.BigEndian.Uint16(frame[12:])
 	if et == etherTypeVLAN || et == etherTypeQinQ {
-		if len(frame) < ethHdrLen+vlanTagLen {
+		if len(frame) < header.EthernetMinimumSize+vlanTagLen {
 			return DropShortEther
 		}
 		fi.VLAN = true

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 const (
@@ -124,7 +126,7 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 		minL4 = tcpMinHdrLen
 	}
 	l2, l3Len, l4Len := fi.L2Len, fi.L3Len, fi.L4Len
-	if l2 < ethHdrLen || l2 > maxGSOHeaderLen ||
+	if l2 < header.EthernetMinimumSize || l2 > maxGSOHeaderLen ||
 		l3Len < minL3 || l3Len > maxGSOHeaderLen ||
 		l4Len < minL4 || l4Len > maxGSOHeaderLen || l4Len%2 != 0 ||
 		fi.IPLen < 0 || fi.IPLen > len(frame) {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/ustack/ustack/bufpool"
 )
 
@@ -97,7 +99,7 @@ func (n *nicState) init(d *Driver) {
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
 	n.tunLocal = d.cfg.Tunnel.locals()
-	n.wireMax = d.cfg.MTU + ethHdrLen + vlanTagLen
+	n.wireMax = d.cfg.MTU + header.EthernetMinimumSize + vlanTagLen
 	n.wqeBytes = d.cfg.WQEBytes
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
 		// One buffer per frame, sized for the largest frame, starting on

@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 func (d *Driver) pollLoop() {
@@ -151,9 +154,9 @@ func (d *Driver) headerCopyLen(cqe *CQE) int {
 // option. It errs on the side of copying too little: IP options and IPv6
 // extension headers are left in the payload.
 func MinHeaderLen(fi *FrameInfo) int {
-	n := 14 // sizeof(struct ethhdr)
+	n := header.EthernetMinimumSize // sizeof(struct ethhdr)
 	if fi.VLAN {
-		n += 4 // VLAN_HLEN
+		n += hdr.VLANTagLen // VLAN_HLEN
 	}
 	switch fi.L3 {
 	case L3IPv4:

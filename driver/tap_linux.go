@@ -32,10 +32,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// vnetHdrLen is the size of struct virtio_net_hdr (without num_buffers),
-// the header the TAP exchanges when IFF_VNET_HDR is set.
-const vnetHdrLen = 10
-
 // TUNSETOFFLOAD flags from <linux/if_tun.h>; x/sys/unix does not define
 // them.
 const (
@@ -143,7 +139,7 @@ func (t *TAP) setup(cfg TAPConfig) error {
 		// The header size belongs to the device, not the descriptor: set
 		// it even though 10 is the default, in case an earlier user of a
 		// persistent device changed it.
-		if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETHDRSZ, vnetHdrLen); err != nil {
+		if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETHDRSZ, VirtioNetHdrLen); err != nil {
 			return fmt.Errorf("TUNSETVNETHDRSZ: %w", err)
 		}
 	}

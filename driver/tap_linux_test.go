@@ -27,7 +27,7 @@ import (
 // static neighbour entry maps the bed's StackAddr4 to it.
 var tapTestStackMAC = net.HardwareAddr{0x02, 0x00, 0x5e, 0x00, 0x00, 0x02}
 
-const tapTestBufLen = vnetHdrLen + 65536 + 14
+const tapTestBufLen = VirtioNetHdrLen + 65536 + 14
 
 func tapTestNeedRoot(t *testing.T) {
 	t.Helper()
@@ -106,11 +106,11 @@ func (b *tapTestBed) readUDP4(t *testing.T, buf []byte, port uint16) (tapTestHdr
 		frame := buf[:n]
 		var h tapTestHdr
 		if b.tap.VnetHdr() {
-			if n < vnetHdrLen {
+			if n < VirtioNetHdrLen {
 				t.Fatalf("frame of %d bytes, shorter than a virtio-net header", n)
 			}
 			h = tapTestDecodeHdr(frame)
-			frame = frame[vnetHdrLen:]
+			frame = frame[VirtioNetHdrLen:]
 		}
 		if len(frame) < header.EthernetMinimumSize+header.IPv4MinimumSize+header.UDPMinimumSize {
 			continue
@@ -277,7 +277,7 @@ func TestTAPToKernel(t *testing.T) {
 					if partial {
 						h = tapTestHdr{flags: 1, csumStart: header.EthernetMinimumSize + header.IPv4MinimumSize, csumOffset: 6}
 					}
-					frame = append(make([]byte, vnetHdrLen), frame...)
+					frame = append(make([]byte, VirtioNetHdrLen), frame...)
 					h.encode(frame)
 				}
 				if err := b.tap.Write(frame); err != nil {
@@ -498,7 +498,7 @@ func TestTAPTruncate(t *testing.T) {
 			full := make([]byte, tapTestBufLen)
 			hdr := 0
 			if tt.cfg.VnetHdr {
-				hdr = vnetHdrLen
+				hdr = VirtioNetHdrLen
 			}
 			short := full[:hdr+100]
 			want := hdr + 14 + 20 + 8 + len(payload)
@@ -555,7 +555,7 @@ func TestTAPConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			from := netip.AddrPortFrom(b.StackAddr4.Addr(), uint16(6000+w))
-			frame := append(make([]byte, vnetHdrLen),
+			frame := append(make([]byte, VirtioNetHdrLen),
 				tapTestUDPFrame(mac, tapTestStackMAC, from, srv.LocalAddr().(*net.UDPAddr).AddrPort(), []byte("concurrent"), false)...)
 			for range perWriter {
 				if err := b.tap.Write(frame); err != nil {
@@ -581,7 +581,7 @@ func TestTAPConcurrent(t *testing.T) {
 
 	// Close while a Read blocks and Writes run: every goroutine ends with
 	// os.ErrClosed. Frames go to an unknown MAC so the kernel drops them.
-	junk := append(make([]byte, vnetHdrLen),
+	junk := append(make([]byte, VirtioNetHdrLen),
 		tapTestUDPFrame(net.HardwareAddr{2, 0, 0, 0, 0, 0x99}, tapTestStackMAC,
 			netip.AddrPortFrom(b.StackAddr4.Addr(), 1), netip.AddrPortFrom(b.KernelAddr4.Addr(), 9), []byte("x"), false)...)
 	errs := make(chan error, writers+1)
@@ -646,7 +646,7 @@ func TestTAPAllocs(t *testing.T) {
 	buf := make([]byte, tapTestBufLen)
 	watchdog := time.AfterFunc(5*time.Second, func() { b.tap.Close() })
 	defer watchdog.Stop()
-	frame := append(make([]byte, vnetHdrLen),
+	frame := append(make([]byte, VirtioNetHdrLen),
 		tapTestUDPFrame(mac, tapTestStackMAC, netip.AddrPortFrom(b.StackAddr4.Addr(), 1),
 			netip.AddrPortFrom(b.KernelAddr4.Addr(), 9), []byte("alloc"), false)...)
 	var rerr, werr error
@@ -701,7 +701,7 @@ func TestTAPReadVec(t *testing.T) {
 	watchdog := time.AfterFunc(5*time.Second, func() { b.tap.Close() })
 	defer watchdog.Stop()
 	buf := make([]byte, tapTestBufLen)
-	iov := [][]byte{buf[:vnetHdrLen+7], buf[vnetHdrLen+7 : vnetHdrLen+7], buf[vnetHdrLen+7 : 300], buf[300:1000], buf[1000:]}
+	iov := [][]byte{buf[:VirtioNetHdrLen+7], buf[VirtioNetHdrLen+7 : VirtioNetHdrLen+7], buf[VirtioNetHdrLen+7 : 300], buf[300:1000], buf[1000:]}
 	// Scatter into pieces of the same buffer, in order: joined, they
 	// are buf itself.
 	var udp header.UDP
@@ -710,7 +710,7 @@ func TestTAPReadVec(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eth := header.Ethernet(buf[vnetHdrLen:n])
+		eth := header.Ethernet(buf[VirtioNetHdrLen:n])
 		if eth.Type() != header.IPv4ProtocolNumber {
 			continue // ARP, IPv6 neighbour discovery
 		}

@@ -1,11 +1,18 @@
 package driver
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
 
 // VirtioNetHdrLen is the length of struct virtio_net_hdr
 // (include/uapi/linux/virtio_net.h) without the num_buffers field: the
-// header a TAP device with IFF_VNET_HDR puts before each frame by default.
-const VirtioNetHdrLen = 10
+// header a TAP device with IFF_VNET_HDR puts before each frame by default
+// (gVisor's header.VirtioNetHeaderSize; gVisor's view of it reads the 16-bit
+// fields big-endian, a TAP writes them in host byte order, hence
+// VirtioNetHdr).
+const VirtioNetHdrLen = header.VirtioNetHeaderSize
 
 // Values of VirtioNetHdr.Flags.
 const (

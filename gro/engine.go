@@ -3,6 +3,8 @@ package gro
 import (
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/ustack/ustack/bufpool"
 )
 
@@ -202,7 +204,7 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 		key:     s.key,
 		born:    now,
 		l4:      s.l4,
-		ipLen:   s.hlen - ethHdrLen + s.payload,
+		ipLen:   s.hlen - header.EthernetMinimumSize + s.payload,
 		mss:     s.payload,
 		segs:    1,
 		nextSeq: s.seq + uint32(s.payload),
@@ -293,9 +295,9 @@ func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
 	}
 	if ent.v6 {
 		// Version, traffic class and flow label; hop limit.
-		return (be32(h[ethHdrLen:])^be32(n[ethHdrLen:]))&0x0fffffff == 0 && h[ethHdrLen+7] == n[ethHdrLen+7]
+		return (be32(h[header.EthernetMinimumSize:])^be32(n[header.EthernetMinimumSize:]))&0x0fffffff == 0 && h[header.EthernetMinimumSize+7] == n[header.EthernetMinimumSize+7]
 	}
-	const tos, flags, ttl, df = ethHdrLen + 1, ethHdrLen + 6, ethHdrLen + 8, 0x40
+	const tos, flags, ttl, df = header.EthernetMinimumSize + 1, header.EthernetMinimumSize + 6, header.EthernetMinimumSize + 8, 0x40
 	if h[tos] != n[tos] || h[ttl] != n[ttl] || (h[flags]^n[flags])&df != 0 {
 		return false
 	}
@@ -413,9 +415,9 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 	if ent.segs > 1 {
 		l := h.Linear
 		if ent.v6 {
-			be16put(l[ethHdrLen+4:], uint16(ent.ipLen-ipv6HdrLen))
+			be16put(l[header.EthernetMinimumSize+4:], uint16(ent.ipLen-ipv6HdrLen))
 		} else {
-			ip := l[ethHdrLen : ethHdrLen+ipv4HdrLen]
+			ip := l[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen]
 			be16put(ip[2:], uint16(ent.ipLen))
 			be16put(ip[10:], 0)
 			be16put(ip[10:], ^ipSum(ip))
@@ -425,13 +427,13 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 			// CsumVerified, as the kernel's CHECKSUM_UNNECESSARY.
 			l[ent.l4+13] |= ent.flags
 		} else {
-			be16put(l[ent.l4+4:], uint16(ent.ipLen-(ent.l4-ethHdrLen)))
+			be16put(l[ent.l4+4:], uint16(ent.ipLen-(ent.l4-header.EthernetMinimumSize)))
 		}
 		h.Segs = uint16(ent.segs)
 		h.GSOSize = uint16(ent.mss)
 		e.stats.Packets.Add(uint64(ent.segs))
 		e.stats.SKBs.Add(1)
-		e.stats.Bytes.Add(uint64(ethHdrLen + ent.ipLen))
+		e.stats.Bytes.Add(uint64(header.EthernetMinimumSize + ent.ipLen))
 	}
 	e.stats.SegsHist[segsBucket(ent.segs)].Add(1)
 	e.stats.flushCounter(why).Add(1)

@@ -121,20 +121,20 @@ func checkHeaders(p *bufpool.Packet, payload int) error {
 	var l4 int
 	switch binary.BigEndian.Uint16(l[12:]) {
 	case ethTypeIPv4:
-		ip := header.IPv4(l[ethHdrLen:])
-		if got, want := int(ip.TotalLength()), p.HdrLen-ethHdrLen+payload; got != want {
+		ip := header.IPv4(l[header.EthernetMinimumSize:])
+		if got, want := int(ip.TotalLength()), p.HdrLen-header.EthernetMinimumSize+payload; got != want {
 			return fmt.Errorf("IPv4 total length: got %d, want %d", got, want)
 		}
 		if !ip.IsChecksumValid() {
 			return fmt.Errorf("IPv4 header checksum invalid")
 		}
-		l4 = ethHdrLen + ipv4HdrLen
+		l4 = header.EthernetMinimumSize + ipv4HdrLen
 	case ethTypeIPv6:
-		ip := header.IPv6(l[ethHdrLen:])
-		if got, want := int(ip.PayloadLength()), p.HdrLen-ethHdrLen-ipv6HdrLen+payload; got != want {
+		ip := header.IPv6(l[header.EthernetMinimumSize:])
+		if got, want := int(ip.PayloadLength()), p.HdrLen-header.EthernetMinimumSize-ipv6HdrLen+payload; got != want {
 			return fmt.Errorf("IPv6 payload length: got %d, want %d", got, want)
 		}
-		l4 = ethHdrLen + ipv6HdrLen
+		l4 = header.EthernetMinimumSize + ipv6HdrLen
 	default:
 		return fmt.Errorf("merged packet of EtherType %#x", binary.BigEndian.Uint16(l[12:]))
 	}
@@ -213,7 +213,7 @@ func runFuzz(t *testing.T, pool *bufpool.Pool, data []byte) {
 				ff := fuzzFlows[fi]
 				b := bd.build(seg{v6: ff.v6, udp: ff.udp, sport: ff.sport, n: int(r.next()) * 8})
 				frame = b.frame
-				at := ethHdrLen + int(r.next())%(b.hlen-ethHdrLen)
+				at := header.EthernetMinimumSize + int(r.next())%(b.hlen-header.EthernetMinimumSize)
 				frame[at] ^= max(r.next(), 1)
 				hdrLen = b.hlen + int(int8(kind&0xe0))/32
 			}

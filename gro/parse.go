@@ -3,12 +3,13 @@ package gro
 import (
 	"encoding/binary"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/ustack/ustack/bufpool"
 )
 
 // Header sizes and field values the parser needs.
 const (
-	ethHdrLen    = 14 // destination, source, EtherType; the driver drops VLAN-tagged frames
 	ethTypeIPv4  = 0x0800
 	ethTypeIPv6  = 0x86dd
 	ipv4HdrLen   = 20 // IHL 5: GRO merges no packet with IP options
@@ -96,7 +97,8 @@ func be64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 // only p.Linear and p's metadata (and the frags' lengths).
 func parse(p *bufpool.Packet, s *segInfo) verdict {
 	b := p.Linear
-	if len(b) < ethHdrLen {
+	// No VLAN tag: the driver drops VLAN-tagged frames.
+	if len(b) < header.EthernetMinimumSize {
 		return passOther
 	}
 	switch be16(b[12:]) {
@@ -110,10 +112,10 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 
 // parse4 parses an IPv4 packet (RFC 791 section 3.1).
 func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
-	if len(b) < ethHdrLen+ipv4HdrLen {
+	if len(b) < header.EthernetMinimumSize+ipv4HdrLen {
 		return passOther
 	}
-	ip := b[ethHdrLen:]
+	ip := b[header.EthernetMinimumSize:]
 	if ip[0]>>4 != 4 {
 		return passOther
 	}
@@ -126,7 +128,7 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	s.key.setProto(4, proto)
 	ihl := int(ip[0]&0x0f) * 4
 	frag := be16(ip[6:])
-	s.l4 = ethHdrLen + ihl
+	s.l4 = header.EthernetMinimumSize + ihl
 	if frag&0x3fff != 0 || ihl < ipv4HdrLen || len(b) < s.l4+4 {
 		// A fragment (MF or an offset), or ports out of reach.
 		return passAddrs
@@ -148,17 +150,17 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 // parse6 parses an IPv6 packet (RFC 8200 section 3); only one without
 // extension headers may be merged.
 func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
-	if len(b) < ethHdrLen+ipv6HdrLen {
+	if len(b) < header.EthernetMinimumSize+ipv6HdrLen {
 		return passOther
 	}
-	ip := b[ethHdrLen:]
+	ip := b[header.EthernetMinimumSize:]
 	if ip[0]>>4 != 6 {
 		return passOther
 	}
 	s.v6 = true
 	s.key = flowKey{a: be64(ip[8:]), b: be64(ip[16:]), c: be64(ip[24:]), d: be64(ip[32:])}
 	nh := ip[6]
-	l4 := ethHdrLen + ipv6HdrLen
+	l4 := header.EthernetMinimumSize + ipv6HdrLen
 	for range maxIPv6ExtHdrs {
 		switch nh {
 		case protoTCP, protoUDP:
@@ -168,10 +170,10 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 				return passAddrs
 			}
 			s.key.setPorts(be32(b[l4:]))
-			if l4 != ethHdrLen+ipv6HdrLen || !plain(p) {
+			if l4 != header.EthernetMinimumSize+ipv6HdrLen || !plain(p) {
 				return passFlow
 			}
-			return parseL4(p, b, s, int(be16(ip[4:]))-(l4-ethHdrLen-ipv6HdrLen))
+			return parseL4(p, b, s, int(be16(ip[4:]))-(l4-header.EthernetMinimumSize-ipv6HdrLen))
 		case protoHopByHop, protoRouting, protoDestOpts:
 			if len(b) < l4+2 {
 				s.key.setProto(6, 0)

@@ -1,0 +1,78 @@
+// Package hdr is what ustack's packet parsers (the NIC model's ParseFrame,
+// GRO's parse, cpumap's flow dissector) need beyond gVisor's header views
+// (gvisor.dev/gvisor/pkg/tcpip/header), which they use for everything else:
+// the Ethernet header length (header.EthernetMinimumSize), the IPv4, IPv6,
+// fragment, TCP and UDP header fields and the IPv4 header checksum.
+//
+// What it adds:
+//
+//   - the 802.1Q/802.1ad VLAN tag (gVisor's Ethernet view knows no tag);
+//   - a view of one IPv6 extension header (hop-by-hop, routing,
+//     destination options, AH) and the bound on the extension header chain
+//     the parsers walk. gVisor's IPv6PayloadIterator walks the chain over a
+//     buffer.Buffer and allocates; the parsers walk a []byte without
+//     allocating, each with its own acceptance rules (see their docs), and
+//     use these views for the field reads.
+//
+// Everything here is a pure function of its arguments: safe for
+// concurrent use, OS-neutral, never allocates. Like gVisor's views, the
+// views here do not check bounds: the caller checks the length first.
+package hdr
+
+import "encoding/binary"
+
+// VLAN tags (IEEE 802.1Q), between the source address and the EtherType:
+//
+//	+-------------+-------------+-----------------+-----------+-----------+
+//	| dst (6)     | src (6)     | TPID (2)        | TCI (2)   | type (2)  |
+//	+-------------+-------------+-----------------+-----------+-----------+
+//
+// TPID is EtherTypeVLAN (802.1Q) or EtherTypeQinQ (802.1ad, the outer tag
+// of a double-tagged frame).
+const (
+	VLANTagLen    = 4      // TPID and TCI: the kernel's VLAN_HLEN
+	EtherTypeVLAN = 0x8100 // ETH_P_8021Q
+	EtherTypeQinQ = 0x88a8 // ETH_P_8021AD
+)
+
+// VLANTag is a view of a VLAN tag after its TPID, which is the EtherType
+// field it follows (the frame's, at offset 12, or the outer tag's): TCI
+// then the next EtherType. It must hold at least VLANTagLen bytes.
+type VLANTag []byte
+
+// TCI returns the tag control information: priority, DEI and VLAN ID.
+func (b VLANTag) TCI() uint16 { return binary.BigEndian.Uint16(b[0:]) }
+
+// EtherType returns the EtherType after the tag (the TPID of the next tag,
+// if any).
+func (b VLANTag) EtherType() uint16 { return binary.BigEndian.Uint16(b[2:]) }
+
+// IPv6ExtMinLen is the shortest IPv6 extension header (RFC 8200 section 4:
+// every extension header is a multiple of 8 octets long).
+const IPv6ExtMinLen = 8
+
+// MaxIPv6ExtHdrs bounds the IPv6 extension header chain the parsers walk
+// (the kernel's flow dissector stops at MAX_FLOW_DISSECT_HDRS, 15). Real
+// traffic carries one or two; the bound keeps the work per frame small.
+const MaxIPv6ExtHdrs = 8
+
+// IPv6Ext is a view of an IPv6 extension header that begins with Next
+// Header and Hdr Ext Len (RFC 8200 sections 4.3 to 4.6, RFC 4302 section
+// 2). It must hold at least 2 bytes.
+//
+//	+-------------+-------------+-----------------------------------------+
+//	| next hdr(1) | ext len (1) | options, addresses, ...                 |
+//	+-------------+-------------+-----------------------------------------+
+type IPv6Ext []byte
+
+// NextHeader returns the type of the header that follows.
+func (b IPv6Ext) NextHeader() uint8 { return b[0] }
+
+// Len returns the length in bytes of a hop-by-hop options, routing or
+// destination options header: Hdr Ext Len counts 8-octet units, not
+// including the first 8 (RFC 8200 section 4.3).
+func (b IPv6Ext) Len() int { return (int(b[1]) + 1) * 8 }
+
+// AHLen returns the length in bytes of an authentication header: its
+// Payload Len counts 4-octet units, minus 2 (RFC 4302 section 2.2).
+func (b IPv6Ext) AHLen() int { return (int(b[1]) + 2) * 4 }

@@ -1,0 +1,40 @@
+package hdr
+
+import (
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
+
+// TestIPv6ExtLen pins the length rules against gVisor's extension header
+// serializer: a hop-by-hop header with 14 bytes of padding options is 16
+// bytes long (Hdr Ext Len 1).
+func TestIPv6ExtLen(t *testing.T) {
+	s := header.IPv6ExtHdrSerializer{header.IPv6SerializableHopByHopExtHdr{
+		&header.IPv6RouterAlertOption{Value: header.IPv6RouterAlertMLD},
+	}}
+	b := make([]byte, s.Length())
+	s.Serialize(header.TCPProtocolNumber, b)
+	e := IPv6Ext(b)
+	if got, want := e.Len(), len(b); got != want {
+		t.Errorf("Len() = %d, want %d", got, want)
+	}
+	if got, want := e.NextHeader(), uint8(header.TCPProtocolNumber); got != want {
+		t.Errorf("NextHeader() = %d, want %d", got, want)
+	}
+	// RFC 4302 section 2.2: an AH with a 96-bit ICV is 24 bytes, Payload
+	// Len 4.
+	if got := IPv6Ext([]byte{6, 4}).AHLen(); got != 24 {
+		t.Errorf("AHLen() = %d, want 24", got)
+	}
+}
+
+func TestVLANTag(t *testing.T) {
+	tag := VLANTag([]byte{0x20, 0x05, 0x08, 0x00})
+	if got, want := tag.TCI(), uint16(0x2005); got != want {
+		t.Errorf("TCI() = %#x, want %#x", got, want)
+	}
+	if got, want := tag.EtherType(), uint16(header.IPv4ProtocolNumber); got != want {
+		t.Errorf("EtherType() = %#x, want %#x", got, want)
+	}
+}
