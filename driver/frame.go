@@ -1,9 +1,9 @@
 package driver
 
 import (
-	"encoding/binary"
-
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // L3Type is the network-layer protocol of a frame.
@@ -29,12 +29,14 @@ const (
 	L4Other               // any other protocol, or an IP fragment
 )
 
-// EtherTypes and IP protocol numbers the NIC model knows.
+// EtherTypes and IP protocol numbers the NIC model knows (gVisor's
+// header.IPv4ProtocolNumber, header.TCPProtocolNumber, ...; untyped here, as
+// the frame bytes hold them).
 const (
 	etherTypeIPv4 = 0x0800
 	etherTypeARP  = 0x0806
-	etherTypeVLAN = 0x8100 // 802.1Q
-	etherTypeQinQ = 0x88a8 // 802.1ad
+	etherTypeVLAN = hdr.EtherTypeVLAN // 802.1Q
+	etherTypeQinQ = hdr.EtherTypeQinQ // 802.1ad
 
 	protoHopByHop = 0
 	protoICMPv4   = 1
@@ -48,24 +50,21 @@ const (
 	etherTypeIPv6 = 0x86dd
 )
 
-// Header sizes.
+// Header sizes, gVisor's.
 const (
-	vlanTagLen      = 4
-	arpLen          = 28 // Ethernet/IPv4 ARP
-	ipv4MinHdrLen   = 20
-	ipv6HdrLen      = 40
-	ipv6ExtMinLen   = 8
-	ipv6FragHdrLen  = 8
-	tcpMinHdrLen    = 20
-	udpHdrLen       = 8
-	icmpv4MinHdrLen = 8
-	icmpv6MinHdrLen = 4
+	arpLen          = header.ARPSize // Ethernet/IPv4 ARP
+	ipv4MinHdrLen   = header.IPv4MinimumSize
+	ipv6HdrLen      = header.IPv6MinimumSize
+	ipv6FragHdrLen  = header.IPv6FragmentHeaderSize
+	tcpMinHdrLen    = header.TCPMinimumSize
+	udpHdrLen       = header.UDPMinimumSize
+	icmpv4MinHdrLen = header.ICMPv4MinimumSize
+	icmpv6MinHdrLen = header.ICMPv6HeaderSize // type, code, checksum
 )
 
 // maxIPv6ExtHdrs bounds the IPv6 extension header chain ParseFrame walks; a
-// longer chain is dropped as DropBadIPv6ExtHdr. Real traffic carries one or
-// two; the bound keeps the work per frame small.
-const maxIPv6ExtHdrs = 8
+// longer chain is dropped as DropBadIPv6ExtHdr.
+const maxIPv6ExtHdrs = hdr.MaxIPv6ExtHdrs
 
 // FrameInfo is what the NIC model learns from a frame's headers (the CQE
 // fields of a real NIC). All offsets are from the start of the Ethernet
@@ -112,15 +111,16 @@ func ParseFrame(frame []byte, fi *FrameInfo) Drop {
 		return DropShortEther
 	}
 	l2 := header.EthernetMinimumSize
-	et := binary.BigEndian.Uint16(frame[12:])
+	et := uint16(header.Ethernet(frame).Type())
 	if et == etherTypeVLAN || et == etherTypeQinQ {
-		if len(frame) < header.EthernetMinimumSize+vlanTagLen {
+		if len(frame) < l2+hdr.VLANTagLen {
 			return DropShortEther
 		}
+		tag := hdr.VLANTag(frame[l2:])
 		fi.VLAN = true
-		fi.VLANTCI = binary.BigEndian.Uint16(frame[14:])
-		et = binary.BigEndian.Uint16(frame[16:])
-		l2 += vlanTagLen
+		fi.VLANTCI = tag.TCI()
+		et = tag.EtherType()
+		l2 += hdr.VLANTagLen
 	}
 	fi.EtherType = et
 	fi.L2Len = l2
@@ -144,27 +144,26 @@ func ParseFrame(frame []byte, fi *FrameInfo) Drop {
 
 // parseIPv4 parses the IPv4 header at fi.L2Len and what follows it.
 func parseIPv4(frame []byte, fi *FrameInfo) Drop {
-	ip := frame[fi.L2Len:]
+	ip := header.IPv4(frame[fi.L2Len:])
 	if len(ip) < ipv4MinHdrLen {
 		return DropShortIP
 	}
-	if ip[0]>>4 != 4 {
+	if header.IPVersion(ip) != header.IPv4Version {
 		return DropBadIPVersion
 	}
-	ihl := int(ip[0]&0xf) * 4
+	ihl := int(ip.HeaderLength())
 	if ihl < ipv4MinHdrLen || ihl > len(ip) {
 		return DropBadIHL
 	}
-	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	tot := int(ip.TotalLength())
 	if tot < ihl || tot > len(ip) {
 		return DropBadIPLen
 	}
 	fi.L3 = L3IPv4
 	fi.L3Len = ihl
 	fi.IPLen = tot
-	fi.L4Proto = ip[9]
-	// Flags and fragment offset: MF is 0x2000, the offset the low 13 bits.
-	if binary.BigEndian.Uint16(ip[6:])&0x3fff != 0 {
+	fi.L4Proto = ip.Protocol()
+	if ip.More() || ip.FragmentOffset() != 0 {
 		fi.Fragment = true
 		fi.L4 = L4Other
 		return DropNone
@@ -175,15 +174,15 @@ func parseIPv4(frame []byte, fi *FrameInfo) Drop {
 // parseIPv6 parses the IPv6 header at fi.L2Len, its extension headers and
 // what follows them.
 func parseIPv6(frame []byte, fi *FrameInfo) Drop {
-	ip := frame[fi.L2Len:]
+	ip := header.IPv6(frame[fi.L2Len:])
 	if len(ip) < ipv6HdrLen {
 		return DropShortIP
 	}
-	if ip[0]>>4 != 6 {
+	if header.IPVersion(ip) != header.IPv6Version {
 		return DropBadIPVersion
 	}
-	plen := int(binary.BigEndian.Uint16(ip[4:]))
-	nh := ip[6]
+	plen := int(ip.PayloadLength())
+	nh := ip.NextHeader()
 	if plen == 0 && nh == protoHopByHop {
 		return DropBadIPLen // jumbogram
 	}
@@ -199,11 +198,12 @@ func parseIPv6(frame []byte, fi *FrameInfo) Drop {
 			return DropBadIPv6ExtHdr
 		}
 		if nh == protoFragment {
-			if len(ip)-off < ipv6FragHdrLen {
+			frag := header.IPv6Fragment(ip[off:])
+			if !frag.IsValid() {
 				return DropBadIPv6ExtHdr
 			}
 			fi.L3Len = off + ipv6FragHdrLen
-			fi.L4Proto = ip[off]
+			fi.L4Proto = frag.NextHeader()
 			fi.Fragment = true
 			fi.L4 = L4Other
 			return DropNone
@@ -213,14 +213,15 @@ func parseIPv6(frame []byte, fi *FrameInfo) Drop {
 		if nh == protoHopByHop && n != 0 {
 			return DropBadIPv6ExtHdr
 		}
-		if len(ip)-off < ipv6ExtMinLen {
+		if len(ip)-off < hdr.IPv6ExtMinLen {
 			return DropBadIPv6ExtHdr
 		}
-		hlen := (int(ip[off+1]) + 1) * 8
+		ext := hdr.IPv6Ext(ip[off:])
+		hlen := ext.Len()
 		if len(ip)-off < hlen {
 			return DropBadIPv6ExtHdr
 		}
-		nh = ip[off]
+		nh = ext.NextHeader()
 		off += hlen
 	}
 	fi.L3Len = off
@@ -244,7 +245,7 @@ func parseL4(frame []byte, fi *FrameInfo) Drop {
 		if len(l4) < tcpMinHdrLen {
 			return DropShortL4
 		}
-		doff := int(l4[12]>>4) * 4
+		doff := int(header.TCP(l4).DataOffset())
 		if doff < tcpMinHdrLen || doff > len(l4) {
 			return DropBadTCPOff
 		}
@@ -254,7 +255,7 @@ func parseL4(frame []byte, fi *FrameInfo) Drop {
 		if len(l4) < udpHdrLen {
 			return DropShortL4
 		}
-		ulen := int(binary.BigEndian.Uint16(l4[4:]))
+		ulen := int(header.UDP(l4).Length())
 		if ulen < udpHdrLen || ulen != len(l4) {
 			return DropBadUDPLen
 		}

@@ -8,6 +8,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // Test frames are described by a pkSpec and encoded by pkSpec.build with
@@ -119,7 +121,7 @@ func (s *pkSpec) extSerializer() header.IPv6ExtHdrSerializer {
 func (s *pkSpec) build() []byte {
 	l2 := header.EthernetMinimumSize
 	if s.vlanType != 0 {
-		l2 += vlanTagLen
+		l2 += hdr.VLANTagLen
 	}
 	var l3 int
 	var ext header.IPv6ExtHdrSerializer

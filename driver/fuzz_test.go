@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // pkFuzzSeeds returns well-formed frames of every kind ParseFrame knows.
@@ -48,7 +50,7 @@ func FuzzParseFrame(f *testing.F) {
 		if hl, end := fi.HeaderLen(), fi.L2Len+fi.IPLen; hl > end || end > len(frame) {
 			t.Fatalf("offsets: got HeaderLen %d, L2Len+IPLen %d, frame %d bytes, want HeaderLen <= L2Len+IPLen <= len(frame)", hl, end, len(frame))
 		}
-		if fi.L2Len != header.EthernetMinimumSize && fi.L2Len != header.EthernetMinimumSize+vlanTagLen {
+		if fi.L2Len != header.EthernetMinimumSize && fi.L2Len != header.EthernetMinimumSize+hdr.VLANTagLen {
 			t.Errorf("L2Len: got %d, want 14 or 18", fi.L2Len)
 		}
 		if fi.Fragment && (fi.L4 != L4Other || fi.L4Len != 0) {

@@ -7,6 +7,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // nicState is the NIC model's private state: the wire read buffer, the WQE
@@ -99,7 +100,7 @@ func (n *nicState) init(d *Driver) {
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
 	n.tunLocal = d.cfg.Tunnel.locals()
-	n.wireMax = d.cfg.MTU + header.EthernetMinimumSize + vlanTagLen
+	n.wireMax = d.cfg.MTU + header.EthernetMinimumSize + hdr.VLANTagLen
 	n.wqeBytes = d.cfg.WQEBytes
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
 		// One buffer per frame, sized for the largest frame, starting on
