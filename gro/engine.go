@@ -3,6 +3,7 @@ package gro
 import (
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -420,7 +421,7 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 			ip := l[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen]
 			be16put(ip[2:], uint16(ent.ipLen))
 			be16put(ip[10:], 0)
-			be16put(ip[10:], ^ipSum(ip))
+			be16put(ip[10:], ^checksum.Checksum(ip, 0))
 		}
 		if ent.proto == protoTCP {
 			// The TCP checksum is left stale: the packet is

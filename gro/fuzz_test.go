@@ -119,8 +119,8 @@ func checkHeaders(p *bufpool.Packet, payload int) error {
 		return fmt.Errorf("TotalLen minus chained headers: got %d, want %d", got, want)
 	}
 	var l4 int
-	switch binary.BigEndian.Uint16(l[12:]) {
-	case ethTypeIPv4:
+	switch header.Ethernet(l).Type() {
+	case header.IPv4ProtocolNumber:
 		ip := header.IPv4(l[header.EthernetMinimumSize:])
 		if got, want := int(ip.TotalLength()), p.HdrLen-header.EthernetMinimumSize+payload; got != want {
 			return fmt.Errorf("IPv4 total length: got %d, want %d", got, want)
@@ -129,7 +129,7 @@ func checkHeaders(p *bufpool.Packet, payload int) error {
 			return fmt.Errorf("IPv4 header checksum invalid")
 		}
 		l4 = header.EthernetMinimumSize + ipv4HdrLen
-	case ethTypeIPv6:
+	case header.IPv6ProtocolNumber:
 		ip := header.IPv6(l[header.EthernetMinimumSize:])
 		if got, want := int(ip.PayloadLength()), p.HdrLen-header.EthernetMinimumSize-ipv6HdrLen+payload; got != want {
 			return fmt.Errorf("IPv6 payload length: got %d, want %d", got, want)

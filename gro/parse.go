@@ -6,16 +6,19 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/hdr"
 )
 
-// Header sizes and field values the parser needs.
+// Header sizes (gVisor's) and field values the parser needs.
 const (
-	ethTypeIPv4  = 0x0800
-	ethTypeIPv6  = 0x86dd
-	ipv4HdrLen   = 20 // IHL 5: GRO merges no packet with IP options
-	ipv6HdrLen   = 40
-	tcpMinHdrLen = 20
-	udpHdrLen    = 8
+	ipv4HdrLen   = header.IPv4MinimumSize // IHL 5: GRO merges no packet with IP options
+	ipv6HdrLen   = header.IPv6MinimumSize
+	tcpMinHdrLen = header.TCPMinimumSize
+	udpHdrLen    = header.UDPMinimumSize
+
+	// ipv4FlagReserved is the reserved ("evil") bit of the IPv4 flags
+	// (RFC 791 section 3.1), beside gVisor's header.IPv4FlagDontFragment.
+	ipv4FlagReserved = 1 << 2
 
 	protoHopByHop = 0
 	protoTCP      = 6
@@ -26,7 +29,7 @@ const (
 
 	// maxIPv6ExtHdrs bounds the extension header chain walked to find the
 	// flow of a packet GRO hands up (the driver's bound too).
-	maxIPv6ExtHdrs = 8
+	maxIPv6ExtHdrs = hdr.MaxIPv6ExtHdrs
 )
 
 // TCP flags (RFC 9293 section 3.1), in byte 13 of the TCP header.
@@ -101,10 +104,10 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize {
 		return passOther
 	}
-	switch be16(b[12:]) {
-	case ethTypeIPv4:
+	switch header.Ethernet(b).Type() {
+	case header.IPv4ProtocolNumber:
 		return parse4(p, b, s)
-	case ethTypeIPv6:
+	case header.IPv6ProtocolNumber:
 		return parse6(p, b, s)
 	}
 	return passOther
@@ -115,32 +118,31 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv4HdrLen {
 		return passOther
 	}
-	ip := b[header.EthernetMinimumSize:]
-	if ip[0]>>4 != 4 {
+	ip := header.IPv4(b[header.EthernetMinimumSize:])
+	if header.IPVersion(ip) != header.IPv4Version {
 		return passOther
 	}
-	proto := ip[9]
+	proto := ip.Protocol()
 	if proto != protoTCP && proto != protoUDP {
 		return passOther
 	}
 	s.v6, s.proto = false, proto
-	s.key = flowKey{a: uint64(be32(ip[12:]))<<32 | uint64(be32(ip[16:]))}
+	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice()))}
 	s.key.setProto(4, proto)
-	ihl := int(ip[0]&0x0f) * 4
-	frag := be16(ip[6:])
+	ihl := int(ip.HeaderLength())
 	s.l4 = header.EthernetMinimumSize + ihl
-	if frag&0x3fff != 0 || ihl < ipv4HdrLen || len(b) < s.l4+4 {
+	if ip.More() || ip.FragmentOffset() != 0 || ihl < ipv4HdrLen || len(b) < s.l4+4 {
 		// A fragment (MF or an offset), or ports out of reach.
 		return passAddrs
 	}
 	s.key.setPorts(be32(b[s.l4:]))
-	if ihl != ipv4HdrLen || frag&0x8000 != 0 || !plain(p) || ipSum(ip[:ihl]) != 0xffff {
+	if ihl != ipv4HdrLen || ip.Flags()&ipv4FlagReserved != 0 || !plain(p) || !ip.IsChecksumValid() {
 		// IP options, the reserved flag, a bad header checksum, or a
 		// packet GRO must not touch.
 		return passFlow
 	}
-	s.id = be16(ip[4:])
-	tot := int(be16(ip[2:]))
+	s.id = ip.ID()
+	tot := int(ip.TotalLength())
 	if tot < ihl {
 		return passFlow
 	}
@@ -153,13 +155,14 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv6HdrLen {
 		return passOther
 	}
-	ip := b[header.EthernetMinimumSize:]
-	if ip[0]>>4 != 6 {
+	ip := header.IPv6(b[header.EthernetMinimumSize:])
+	if header.IPVersion(ip) != header.IPv6Version {
 		return passOther
 	}
 	s.v6 = true
-	s.key = flowKey{a: be64(ip[8:]), b: be64(ip[16:]), c: be64(ip[24:]), d: be64(ip[32:])}
-	nh := ip[6]
+	src, dst := ip.SourceAddressSlice(), ip.DestinationAddressSlice()
+	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:])}
+	nh := ip.NextHeader()
 	l4 := header.EthernetMinimumSize + ipv6HdrLen
 	for range maxIPv6ExtHdrs {
 		switch nh {
@@ -173,20 +176,21 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 			if l4 != header.EthernetMinimumSize+ipv6HdrLen || !plain(p) {
 				return passFlow
 			}
-			return parseL4(p, b, s, int(be16(ip[4:]))-(l4-header.EthernetMinimumSize-ipv6HdrLen))
+			return parseL4(p, b, s, int(ip.PayloadLength())-(l4-header.EthernetMinimumSize-ipv6HdrLen))
 		case protoHopByHop, protoRouting, protoDestOpts:
 			if len(b) < l4+2 {
 				s.key.setProto(6, 0)
 				return passAddrs
 			}
-			nh = b[l4]
-			l4 += (int(b[l4+1]) + 1) * 8
+			ext := hdr.IPv6Ext(b[l4:])
+			nh = ext.NextHeader()
+			l4 += ext.Len()
 		case protoFragment:
 			if len(b) < l4+1 {
 				s.key.setProto(6, 0)
 				return passAddrs
 			}
-			nh = b[l4]
+			nh = b[l4] // Next Header, the only byte needed of the fragment header
 			if nh != protoTCP && nh != protoUDP {
 				return passOther
 			}
@@ -220,20 +224,22 @@ func parseL4(p *bufpool.Packet, b []byte, s *segInfo, ipPayload int) verdict {
 		if len(b) < s.l4+tcpMinHdrLen {
 			return passFlow
 		}
-		doff := int(b[s.l4+12]>>4) * 4
+		tcp := header.TCP(b[s.l4:])
+		doff := int(tcp.DataOffset())
 		if doff < tcpMinHdrLen || doff > ipPayload {
 			return passFlow
 		}
 		s.hlen = s.l4 + doff
 		s.payload = ipPayload - doff
-		s.seq = be32(b[s.l4+4:])
-		s.flags = b[s.l4+13]
+		s.seq = tcp.SequenceNumber()
+		s.flags = uint8(tcp.Flags())
 	} else {
 		if len(b) < s.l4+udpHdrLen {
 			return passFlow
 		}
-		ulen := int(be16(b[s.l4+4:]))
-		if ulen != ipPayload || ulen <= udpHdrLen || (s.v6 && be16(b[s.l4+6:]) == 0) {
+		udp := header.UDP(b[s.l4:])
+		ulen := int(udp.Length())
+		if ulen != ipPayload || ulen <= udpHdrLen || (s.v6 && udp.Checksum() == 0) {
 			// Padded or malicious, empty, or a zero checksum over IPv6
 			// (RFC 8200 section 8.1: the stack drops it).
 			return passFlow
@@ -260,26 +266,4 @@ func frameLen(p *bufpool.Packet) int {
 		n += int(p.Frags[i].Len)
 	}
 	return n
-}
-
-// ipSum returns the folded 16-bit one's complement sum of b (RFC 1071); a
-// valid IPv4 header sums to 0xffff.
-func ipSum(b []byte) uint16 {
-	// Summing 32-bit words and folding gives the 16-bit sum (RFC 1071
-	// section 2 (B), byte order independence and parallel summation).
-	var sum uint64
-	for ; len(b) >= 4; b = b[4:] {
-		sum += uint64(be32(b))
-	}
-	if len(b) >= 2 {
-		sum += uint64(be16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		sum += uint64(b[0]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return uint16(sum)
 }
