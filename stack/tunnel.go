@@ -204,15 +204,16 @@ func (t *tunnelEndpoint) deliver(buf *buffer.Buffer) bool {
 	var hdr [l2 + header.IPv6MinimumSize]byte
 	n, _ := buf.ReadAt(hdr[:], 0)
 	var proto tcpip.NetworkProtocolNumber
+	et := header.Ethernet(hdr[:]).Type()
 	switch {
-	case n >= l2+header.IPv4MinimumSize && hdr[12] == 0x08 && hdr[13] == 0x00:
-		dst := [4]byte(hdr[l2+16 : l2+20])
+	case n >= l2+header.IPv4MinimumSize && et == header.IPv4ProtocolNumber:
+		dst := [4]byte(header.IPv4(hdr[l2:]).DestinationAddressSlice())
 		if !contains4(t.inner4, dst) {
 			return false
 		}
 		proto = ipv4.ProtocolNumber
-	case n >= l2+header.IPv6MinimumSize && hdr[12] == 0x86 && hdr[13] == 0xdd:
-		dst := [16]byte(hdr[l2+24 : l2+40])
+	case n >= l2+header.IPv6MinimumSize && et == header.IPv6ProtocolNumber:
+		dst := [16]byte(header.IPv6(hdr[l2:]).DestinationAddressSlice())
 		if !contains16(t.inner6, dst) {
 			return false
 		}
