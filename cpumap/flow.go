@@ -1,23 +1,21 @@
 package cpumap
 
 import (
-	"encoding/binary"
-
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/hdr"
 )
 
-// Ethernet and IP constants the built-in programs parse with.
+// Ethernet and IP constants the built-in programs parse with (sizes are
+// gVisor's).
 const (
-	vlanHdrLen  = 4
 	maxVLANTags = 2 // 802.1ad outer tag, 802.1Q inner tag
 
 	etherTypeIPv4  = 0x0800
 	etherTypeIPv6  = 0x86dd
-	etherTypeVLAN  = 0x8100
-	etherTypeQinQ  = 0x88a8
-	ipv4MinHdrLen  = 20
-	ipv6HdrLen     = 40
-	ipv6FragHdrLen = 8
+	ipv4MinHdrLen  = header.IPv4MinimumSize
+	ipv6HdrLen     = header.IPv6MinimumSize
+	ipv6FragHdrLen = header.IPv6FragmentHeaderSize
 
 	protoTCP      = 6
 	protoUDP      = 17
@@ -31,7 +29,7 @@ const (
 	// maxExtHdrs bounds the IPv6 extension headers walked before giving
 	// up on finding the transport header (the kernel's flow dissector
 	// stops at MAX_FLOW_DISSECT_HDRS, 15; real packets carry few).
-	maxExtHdrs = 8
+	maxExtHdrs = hdr.MaxIPv6ExtHdrs
 )
 
 // flow is what the built-in programs read from a frame's headers. It is
@@ -62,39 +60,45 @@ func parseFlow(b []byte, f *flow) bool {
 	if len(b) < header.EthernetMinimumSize {
 		return false
 	}
-	et := binary.BigEndian.Uint16(b[12:])
+	et := uint16(header.Ethernet(b).Type())
 	off := header.EthernetMinimumSize
-	for i := 0; i < maxVLANTags && (et == etherTypeVLAN || et == etherTypeQinQ); i++ {
-		if len(b) < off+vlanHdrLen {
+	for i := 0; i < maxVLANTags && (et == hdr.EtherTypeVLAN || et == hdr.EtherTypeQinQ); i++ {
+		if len(b) < off+hdr.VLANTagLen {
 			return false
 		}
-		et = binary.BigEndian.Uint16(b[off+2:])
-		off += vlanHdrLen
+		et = hdr.VLANTag(b[off:]).EtherType()
+		off += hdr.VLANTagLen
 	}
 	*f = flow{l3: off, l4: -1}
 	switch et {
 	case etherTypeIPv4:
-		if len(b) < off+ipv4MinHdrLen || b[off]>>4 != 4 {
+		if len(b) < off+ipv4MinHdrLen {
 			return false
 		}
-		ihl := int(b[off]&0xf) * 4
+		ip := header.IPv4(b[off:])
+		if header.IPVersion(ip) != header.IPv4Version {
+			return false
+		}
+		ihl := int(ip.HeaderLength())
 		if ihl < ipv4MinHdrLen {
 			return false
 		}
-		// RFC 791 section 3.1: flags (reserved, DF, MF) and the 13-bit
-		// fragment offset.
-		fo := binary.BigEndian.Uint16(b[off+6:])
-		f.frag = fo&0x3fff != 0
-		f.later = fo&0x1fff != 0
-		f.proto = b[off+9]
+		// RFC 791 section 3.1: MF and the 13-bit fragment offset.
+		f.later = ip.FragmentOffset() != 0
+		f.frag = f.later || ip.More()
+		f.proto = ip.Protocol()
 		f.l4 = off + ihl
 		return true
 	case etherTypeIPv6:
-		if len(b) < off+ipv6HdrLen || b[off]>>4 != 6 {
+		if len(b) < off+ipv6HdrLen {
+			return false
+		}
+		ip := header.IPv6(b[off:])
+		if header.IPVersion(ip) != header.IPv6Version {
 			return false
 		}
 		f.v6 = true
-		parseIPv6Ext(b, off+ipv6HdrLen, b[off+6], f)
+		parseIPv6Ext(b, off+ipv6HdrLen, ip.NextHeader(), f)
 		return true
 	}
 	return false
@@ -112,25 +116,27 @@ func parseIPv6Ext(b []byte, off int, nh uint8, f *flow) {
 			if len(b) < off+2 {
 				return
 			}
-			nh, off = b[off], off+(int(b[off+1])+1)*8
+			ext := hdr.IPv6Ext(b[off:])
+			nh, off = ext.NextHeader(), off+ext.Len()
 		case protoAH:
 			// RFC 4302 section 2.2: Payload Len in 4-octet units,
 			// minus 2.
 			if len(b) < off+2 {
 				return
 			}
-			nh, off = b[off], off+(int(b[off+1])+2)*4
+			ext := hdr.IPv6Ext(b[off:])
+			nh, off = ext.NextHeader(), off+ext.AHLen()
 		case protoFragment:
 			//	next(1) res(1) offset(13 bits) res(2) M(1) id(4)
 			if len(b) < off+ipv6FragHdrLen {
 				return
 			}
-			fo := binary.BigEndian.Uint16(b[off+2:])
-			if fo&0xfff9 != 0 { // offset or M; an atomic fragment is whole
+			fh := header.IPv6Fragment(b[off:])
+			if fh.FragmentOffset() != 0 || fh.More() { // an atomic fragment is whole
 				f.frag = true
-				f.later = fo&0xfff8 != 0
+				f.later = fh.FragmentOffset() != 0
 			}
-			nh, off = b[off], off+ipv6FragHdrLen
+			nh, off = fh.NextHeader(), off+ipv6FragHdrLen
 		default:
 			f.proto, f.l4 = nh, off
 			return
