@@ -75,7 +75,7 @@ func parseFlow(b []byte, f *flow) bool {
 		if len(b) < off+ipv4MinHdrLen {
 			return false
 		}
-		ip := header.IPv4(b[off:])
+		ip := header.IPv4(b[off : off+ipv4MinHdrLen]) // the fixed header is all that is read
 		if header.IPVersion(ip) != header.IPv4Version {
 			return false
 		}
@@ -93,7 +93,7 @@ func parseFlow(b []byte, f *flow) bool {
 		if len(b) < off+ipv6HdrLen {
 			return false
 		}
-		ip := header.IPv6(b[off:])
+		ip := header.IPv6(b[off : off+ipv6HdrLen]) // the fixed header
 		if header.IPVersion(ip) != header.IPv6Version {
 			return false
 		}
@@ -116,7 +116,7 @@ func parseIPv6Ext(b []byte, off int, nh uint8, f *flow) {
 			if len(b) < off+2 {
 				return
 			}
-			ext := hdr.IPv6Ext(b[off:])
+			ext := hdr.IPv6Ext(b[off : off+2])
 			nh, off = ext.NextHeader(), off+ext.Len()
 		case protoAH:
 			// RFC 4302 section 2.2: Payload Len in 4-octet units,
@@ -124,14 +124,14 @@ func parseIPv6Ext(b []byte, off int, nh uint8, f *flow) {
 			if len(b) < off+2 {
 				return
 			}
-			ext := hdr.IPv6Ext(b[off:])
+			ext := hdr.IPv6Ext(b[off : off+2])
 			nh, off = ext.NextHeader(), off+ext.AHLen()
 		case protoFragment:
 			//	next(1) res(1) offset(13 bits) res(2) M(1) id(4)
 			if len(b) < off+ipv6FragHdrLen {
 				return
 			}
-			fh := header.IPv6Fragment(b[off:])
+			fh := header.IPv6Fragment(b[off : off+ipv6FragHdrLen])
 			if fh.FragmentOffset() != 0 || fh.More() { // an atomic fragment is whole
 				f.frag = true
 				f.later = fh.FragmentOffset() != 0

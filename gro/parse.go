@@ -118,7 +118,9 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv4HdrLen {
 		return passOther
 	}
-	ip := header.IPv4(b[header.EthernetMinimumSize:])
+	// The fixed header only: the one GRO merges (one with options is
+	// handed up), and a view of known length needs no further bounds check.
+	ip := header.IPv4(b[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen])
 	if header.IPVersion(ip) != header.IPv4Version {
 		return passOther
 	}
@@ -155,7 +157,7 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv6HdrLen {
 		return passOther
 	}
-	ip := header.IPv6(b[header.EthernetMinimumSize:])
+	ip := header.IPv6(b[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv6HdrLen]) // the fixed header
 	if header.IPVersion(ip) != header.IPv6Version {
 		return passOther
 	}
@@ -182,7 +184,7 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 				s.key.setProto(6, 0)
 				return passAddrs
 			}
-			ext := hdr.IPv6Ext(b[l4:])
+			ext := hdr.IPv6Ext(b[l4 : l4+2])
 			nh = ext.NextHeader()
 			l4 += ext.Len()
 		case protoFragment:
@@ -224,7 +226,7 @@ func parseL4(p *bufpool.Packet, b []byte, s *segInfo, ipPayload int) verdict {
 		if len(b) < s.l4+tcpMinHdrLen {
 			return passFlow
 		}
-		tcp := header.TCP(b[s.l4:])
+		tcp := header.TCP(b[s.l4 : s.l4+tcpMinHdrLen]) // the fixed header: options are not read
 		doff := int(tcp.DataOffset())
 		if doff < tcpMinHdrLen || doff > ipPayload {
 			return passFlow
@@ -237,7 +239,7 @@ func parseL4(p *bufpool.Packet, b []byte, s *segInfo, ipPayload int) verdict {
 		if len(b) < s.l4+udpHdrLen {
 			return passFlow
 		}
-		udp := header.UDP(b[s.l4:])
+		udp := header.UDP(b[s.l4 : s.l4+udpHdrLen])
 		ulen := int(udp.Length())
 		if ulen != ipPayload || ulen <= udpHdrLen || (s.v6 && udp.Checksum() == 0) {
 			// Padded or malicious, empty, or a zero checksum over IPv6
