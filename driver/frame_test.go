@@ -597,3 +597,22 @@ func TestDropString(t *testing.T) {
 		names[s] = d
 	}
 }
+
+// BenchmarkParseFrame parses each kind of frame ParseFrame knows (the fuzz
+// seeds: TCP, UDP, ICMP over IPv4 and IPv6, options, extension headers,
+// fragments, VLAN tags, ARP); ns/op is per frame.
+func BenchmarkParseFrame(b *testing.B) {
+	seeds := pkFuzzSeeds()
+	b.ReportAllocs()
+	var fi FrameInfo
+	i := 0
+	for b.Loop() {
+		if ParseFrame(seeds[i], &fi) != DropNone {
+			b.Fatal("seed dropped")
+		}
+		i++
+		if i == len(seeds) {
+			i = 0
+		}
+	}
+}
