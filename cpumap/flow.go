@@ -85,7 +85,7 @@ func parseFlow(b []byte, f *flow) bool {
 		}
 		// RFC 791 section 3.1: MF and the 13-bit fragment offset.
 		f.later = ip.FragmentOffset() != 0
-		f.frag = f.later || ip.More()
+		f.frag = hdr.IsIPv4Fragment(ip)
 		f.proto = ip.Protocol()
 		f.l4 = off + ihl
 		return true

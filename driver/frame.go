@@ -163,7 +163,7 @@ func parseIPv4(frame []byte, fi *FrameInfo) Drop {
 	fi.L3Len = ihl
 	fi.IPLen = tot
 	fi.L4Proto = ip.Protocol()
-	if ip.More() || ip.FragmentOffset() != 0 {
+	if hdr.IsIPv4Fragment(ip) {
 		fi.Fragment = true
 		fi.L4 = L4Other
 		return DropNone

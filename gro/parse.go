@@ -133,7 +133,7 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	s.key.setProto(4, proto)
 	ihl := int(ip.HeaderLength())
 	s.l4 = header.EthernetMinimumSize + ihl
-	if ip.More() || ip.FragmentOffset() != 0 || ihl < ipv4HdrLen || len(b) < s.l4+4 {
+	if hdr.IsIPv4Fragment(ip) || ihl < ipv4HdrLen || len(b) < s.l4+4 {
 		// A fragment (MF or an offset), or ports out of reach.
 		return passAddrs
 	}

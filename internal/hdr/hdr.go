@@ -12,7 +12,8 @@
 //     the parsers walk. gVisor's IPv6PayloadIterator walks the chain over a
 //     buffer.Buffer and allocates; the parsers walk a []byte without
 //     allocating, each with its own acceptance rules (see their docs), and
-//     use these views for the field reads.
+//     use these views for the field reads;
+//   - IsIPv4Fragment: MF or a fragment offset, in one load.
 //
 // Everything here is a pure function of its arguments: safe for
 // concurrent use, OS-neutral, never allocates. Like gVisor's views, the
@@ -76,3 +77,12 @@ func (b IPv6Ext) Len() int { return (int(b[1]) + 1) * 8 }
 // AHLen returns the length in bytes of an authentication header: its
 // Payload Len counts 4-octet units, minus 2 (RFC 4302 section 2.2).
 func (b IPv6Ext) AHLen() int { return (int(b[1]) + 2) * 4 }
+
+// IsIPv4Fragment reports whether the IPv4 header ip (at least 8 bytes long)
+// is a fragment's: MF set or a fragment offset other than 0 (RFC 791
+// section 3.1). It tests both with one load; gVisor's view reads MF
+// (header.IPv4.More) and the offset (FragmentOffset) apart.
+func IsIPv4Fragment(ip []byte) bool {
+	const mfAndOffset = 0x3fff // MF 0x2000, the offset the low 13 bits
+	return binary.BigEndian.Uint16(ip[6:])&mfAndOffset != 0
+}

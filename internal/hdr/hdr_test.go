@@ -38,3 +38,28 @@ func TestVLANTag(t *testing.T) {
 		t.Errorf("EtherType() = %#x, want %#x", got, want)
 	}
 }
+
+func TestIsIPv4Fragment(t *testing.T) {
+	for _, tc := range []struct {
+		flags  uint8
+		offset uint16
+		want   bool
+	}{
+		{0, 0, false},
+		{header.IPv4FlagDontFragment, 0, false},
+		{header.IPv4FlagMoreFragments, 0, true},
+		{0, 8, true},
+		{header.IPv4FlagDontFragment, 65528, true},
+	} {
+		ip := header.IPv4(make([]byte, header.IPv4MinimumSize))
+		ip.SetFlagsFragmentOffset(tc.flags, tc.offset)
+		if got := IsIPv4Fragment(ip); got != tc.want {
+			t.Errorf("flags %#x offset %d: got %v, want %v", tc.flags, tc.offset, got, tc.want)
+		}
+	}
+	ip := header.IPv4(make([]byte, header.IPv4MinimumSize))
+	ip[6] = 0x80 // the reserved flag alone
+	if IsIPv4Fragment(ip) {
+		t.Error("reserved flag: got a fragment")
+	}
+}
