@@ -122,7 +122,26 @@ func TestTCPMemPressure(t *testing.T) {
 		t.Errorf("receive buffer Max under pressure: got %d, want %d (the fair share)", got, want)
 	}
 	wait := fill(dialed[1:], 1<<20)
+	// Auto-tuning grows the reading connection's buffer, but not past
+	// the fair share: the committed memory stays within the limit.
+	stop, peak := make(chan struct{}), make(chan uint64)
+	go func() {
+		var m uint64
+		for {
+			m = max(m, counterValue(rx, "tcp_mem_committed_bytes"))
+			select {
+			case <-stop:
+				peak <- m
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
 	transfer(t, dialed[0], accepted[0], 8<<20, 1)
+	close(stop)
+	if m := <-peak; m > limit {
+		t.Errorf("tcp_mem_committed_bytes during the transfer: peak %d, want <= %d", m, limit)
+	}
 	memWaitFor(t, "the paused connections' queues to fill", func() bool {
 		// gVisor advertises half the free buffer (rcvAdvWndScale, as
 		// Linux's tcp_adv_win_scale 1): at most 64 KiB each here.
@@ -156,7 +175,7 @@ func TestTCPMemHardLimit(t *testing.T) {
 		limit  = 4 << 20
 		full   = 2
 		filled = 256 << 10 // half of a 1 MiB buffer is the most a window offers
-		conns  = 80 // 82 at the floor commit 5.1 MiB
+		conns  = 80        // 82 at the floor commit 5.1 MiB
 	)
 	rx, peer := pairConfig(t, Config{TCPMemLimit: limit})
 	l, err := rx.ListenTCP(netip.MustParseAddrPort("192.0.2.1:9"))
