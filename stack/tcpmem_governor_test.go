@@ -6,11 +6,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
@@ -232,5 +234,81 @@ func TestTCPMemLimits(t *testing.T) {
 		if l != tc.wantLimit || p != tc.wantPressure || on != tc.on || (err != nil) != tc.err {
 			t.Errorf("limit %d pressure %d: got %d, %d, %v, %v, want %d, %d, %v, error %v", tc.limit, tc.pressure, l, p, on, err, tc.wantLimit, tc.wantPressure, tc.on, tc.err)
 		}
+	}
+}
+
+// TestTCPMemRefuse checks which segments the hard limit drops: those with
+// payload of a flow in the set, SYN, FIN and RST aside, in IPv4 and IPv6.
+func TestTCPMemRefuse(t *testing.T) {
+	over := []uint64{flowHash(zwLocal4.AsSlice(), zwRemote4.AsSlice(), 7, 40000), flowHash(zwLocal6.AsSlice(), zwRemote6.AsSlice(), 7, 40000)}
+	slices.Sort(over)
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		drop  bool
+	}{
+		{"data", zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 2, header.TCPFlagAck, 100, nil, 1448), true},
+		{"data/v6", zwSegment(zwRemote6, zwLocal6, 40000, 7, 100, 2, header.TCPFlagAck|header.TCPFlagPsh, 100, nil, 1448), true},
+		{"pure-ack", zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 2, header.TCPFlagAck, 100, nil, 0), false},
+		{"fin", zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 2, header.TCPFlagAck|header.TCPFlagFin, 100, nil, 10), false},
+		{"syn", zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 0, header.TCPFlagSyn, 100, nil, 0), false},
+		{"rst", zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 2, header.TCPFlagRst|header.TCPFlagAck, 100, nil, 10), false},
+		{"other-flow", zwSegment(zwRemote4, zwLocal4, 40001, 7, 100, 2, header.TCPFlagAck, 100, nil, 1448), false},
+		{"other-direction", zwSegment(zwLocal4, zwRemote4, 7, 40000, 100, 2, header.TCPFlagAck, 100, nil, 1448), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var e linkEndpoint
+			var d captureDispatcher
+			e.Attach(&d)
+			e.mem.over.Store(&over)
+			e.mem.hard.Store(true)
+			if got := e.tcpMemRefuse(tc.frame); got != tc.drop {
+				t.Errorf("dropped: got %v, want %v", got, tc.drop)
+			}
+			if !tc.drop {
+				if len(d.got) != 0 {
+					t.Errorf("delivered %d frames for a segment that passes, want 0", len(d.got))
+				}
+				return
+			}
+			// The dropped segment's ACK goes to gVisor alone: the
+			// same headers without payload or PSH, checksums valid.
+			ip, tcpOff, tcpLen, _, _ := tcpHeaders(tc.frame)
+			if len(d.got) != 1 || len(d.got[0]) != tcpOff+tcpLen {
+				t.Fatalf("delivered %d frames (%v), want one pure ACK of %d bytes", len(d.got), d.got, tcpOff+tcpLen)
+			}
+			ack := d.got[0]
+			th, orig := header.TCP(ack[tcpOff:]), header.TCP(tc.frame[tcpOff:])
+			if th.Flags() != header.TCPFlagAck || th.SequenceNumber() != orig.SequenceNumber() || th.AckNumber() != orig.AckNumber() || th.WindowSize() != orig.WindowSize() {
+				t.Errorf("pure ACK: flags %v seq %d ack %d wnd %d, want %v %d %d %d", th.Flags(), th.SequenceNumber(), th.AckNumber(), th.WindowSize(), header.TCPFlagAck, orig.SequenceNumber(), orig.AckNumber(), orig.WindowSize())
+			}
+			src, dst := ipAddrs(ack[ip:])
+			if !th.IsChecksumValid(tcpip.AddrFromSlice(src), tcpip.AddrFromSlice(dst), 0, 0) {
+				t.Errorf("pure ACK: TCP checksum invalid")
+			}
+			if got, want := e.mem.drops.Load(), map[bool]uint64{true: 1}[tc.drop]; got != want {
+				t.Errorf("rx_tcp_mem_drops: got %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestTCPMemRefuseNoAllocs pins the hard limit's cost to the segments it
+// lets pass: a parse and a binary search, no allocation.
+func TestTCPMemRefuseNoAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race or -cover")
+	}
+	over := []uint64{flowHash(zwLocal4.AsSlice(), zwRemote4.AsSlice(), 7, 40000)}
+	var e linkEndpoint
+	e.mem.over.Store(&over)
+	e.mem.hard.Store(true)
+	in := zwSegment(zwRemote4, zwLocal4, 40001, 7, 100, 2, header.TCPFlagAck, 100, nil, 1448)
+	if a := testing.AllocsPerRun(500, func() {
+		if e.tcpMemRefuse(in) {
+			t.Fatal("dropped a flow not in the set")
+		}
+	}); a != 0 {
+		t.Errorf("allocations per segment: got %v, want 0", a)
 	}
 }
