@@ -198,12 +198,11 @@ func parseIPv6(frame []byte, fi *FrameInfo) Drop {
 			return DropBadIPv6ExtHdr
 		}
 		if nh == protoFragment {
-			frag := header.IPv6Fragment(ip[off:])
-			if !frag.IsValid() {
+			if len(ip)-off < ipv6FragHdrLen {
 				return DropBadIPv6ExtHdr
 			}
 			fi.L3Len = off + ipv6FragHdrLen
-			fi.L4Proto = frag.NextHeader()
+			fi.L4Proto = header.IPv6Fragment(ip[off:fi.L3Len]).NextHeader()
 			fi.Fragment = true
 			fi.L4 = L4Other
 			return DropNone
@@ -216,7 +215,7 @@ func parseIPv6(frame []byte, fi *FrameInfo) Drop {
 		if len(ip)-off < hdr.IPv6ExtMinLen {
 			return DropBadIPv6ExtHdr
 		}
-		ext := hdr.IPv6Ext(ip[off:])
+		ext := hdr.IPv6Ext(ip[off : off+hdr.IPv6ExtMinLen])
 		hlen := ext.Len()
 		if len(ip)-off < hlen {
 			return DropBadIPv6ExtHdr
