@@ -3,10 +3,10 @@ package gro
 import (
 	"time"
 
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // Table dimensions and limits, the kernel's.
@@ -421,7 +421,7 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 			ip := l[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen]
 			be16put(ip[2:], uint16(ent.ipLen))
 			be16put(ip[10:], 0)
-			be16put(ip[10:], ^checksum.Checksum(ip, 0))
+			be16put(ip[10:], ^hdr.IPv4HeaderSum(ip))
 		}
 		if ent.proto == protoTCP {
 			// The TCP checksum is left stale: the packet is

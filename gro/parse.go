@@ -138,7 +138,7 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 		return passAddrs
 	}
 	s.key.setPorts(be32(b[s.l4:]))
-	if ihl != ipv4HdrLen || ip.Flags()&ipv4FlagReserved != 0 || !plain(p) || !ip.IsChecksumValid() {
+	if ihl != ipv4HdrLen || ip.Flags()&ipv4FlagReserved != 0 || !plain(p) || hdr.IPv4HeaderSum(ip) != 0xffff {
 		// IP options, the reserved flag, a bad header checksum, or a
 		// packet GRO must not touch.
 		return passFlow
