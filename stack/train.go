@@ -218,9 +218,6 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
 	total := p.TotalLen() - chainHeaders(p) - hdrLen
 	all := buffer.NewView(total)
 	writeAfter(all, p, hdrLen)
-	for q := p.Next; q != nil; q = q.Next {
-		writeAfter(all, q, q.HdrLen)
-	}
 	if e.pcap != nil {
 		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
 	}
@@ -291,30 +288,12 @@ func udpHeaders(p *bufpool.Packet) (l3, l4 int, ok bool) {
 	return 14, l4, len(l) >= l4+header.UDPMinimumSize
 }
 
-// copyAfter copies the packet's bytes after skip (and its chain's payload)
-// into b, as far as b reaches, and returns the count.
+// copyAfter copies the packet's bytes after skip, and its chain's payload
+// (bufpool.Packet.Walk), into b, as far as b reaches, and returns the count.
 func copyAfter(b []byte, p *bufpool.Packet, skip int) int {
 	n := 0
-	for q := p; q != nil && n < len(b); q = q.Next {
-		s := skip
-		if q != p {
-			s = q.HdrLen
-		}
-		if s < len(q.Linear) {
-			n += copy(b[n:], q.Linear[s:])
-			s = 0
-		} else {
-			s -= len(q.Linear)
-		}
-		for _, f := range q.Frags {
-			fb := f.Bytes()
-			if s >= len(fb) {
-				s -= len(fb)
-				continue
-			}
-			n += copy(b[n:], fb[s:])
-			s = 0
-		}
+	for w := p.Walk(skip); n < len(b) && w.Next(); {
+		n += copy(b[n:], w.Bytes())
 	}
 	return n
 }
