@@ -54,6 +54,8 @@ type policy struct {
 	tunnelRemote  string
 	tunnelRemote4 string
 	tunnelAddrs   prefixList
+
+	tcpMem tcpMemFlags // -tcp-mem-limit, -tcp-mem-pressure
 }
 
 func (p *policy) register(fs *flag.FlagSet) {
@@ -89,6 +91,7 @@ func (p *policy) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.cpuQueue, "cpumap-qsize", 0, "ring size of each cpumap entry (0: 2048)")
 	fs.StringVar(&p.nicCPU, "nic-cpu", "", "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)")
 	fs.StringVar(&p.pollCPU, "poll-cpu", "", "pin the poll loop's thread to this CPU list")
+	p.tcpMem.register(fs)
 }
 
 // policyFromSettings returns the default policy with each name=value
@@ -223,6 +226,9 @@ func (p *policy) stackConfig() (stack.Config, error) {
 	}
 	if c.Driver.PollCPUs, err = parseCPUs(p.pollCPU); err != nil {
 		return c, fmt.Errorf("poll-cpu: %w", err)
+	}
+	if err := p.tcpMem.apply(&c); err != nil {
+		return c, err
 	}
 	return c, nil
 }
@@ -396,4 +402,24 @@ func (p *policy) discardWith(c serve.Config) func(net.Listener, *atomic.Uint64) 
 		return c.DiscardViews
 	}
 	return c.Discard
+}
+
+// tcpMemFlags bound the stack's TCP receive memory, as Linux's tcp_mem:
+// see stack.Config.TCPMemLimit.
+type tcpMemFlags struct {
+	limit, pressure int64
+}
+
+func (f *tcpMemFlags) register(fs *flag.FlagSet) {
+	fs.Int64Var(&f.limit, "tcp-mem-limit", 0, fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all, tcp_mem's high: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: %d, negative: no bound)", stack.TCPMemFloor, stack.DefaultTCPMemLimit))
+	fs.Int64Var(&f.pressure, "tcp-mem-pressure", 0, "bytes committed at which memory pressure begins, tcp_mem's pressure: auto-tuning stops at a fair share of -tcp-mem-limit and larger buffers are shrunk to it; it ends below half of this (0: 3/4 of -tcp-mem-limit)")
+}
+
+// apply sets c's TCP memory bounds from the flags.
+func (f *tcpMemFlags) apply(c *stack.Config) error {
+	if f.pressure < 0 || f.limit > 0 && f.pressure > f.limit {
+		return fmt.Errorf("tcp-mem-pressure %d: want 0..-tcp-mem-limit", f.pressure)
+	}
+	c.TCPMemLimit, c.TCPMemPressure = f.limit, f.pressure
+	return nil
 }
