@@ -58,8 +58,13 @@ func (m *RQMode) UnmarshalText(b []byte) error {
 // MarshalText returns the flag value for m, as String.
 func (m HWGROMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
 
-// UnmarshalText sets m from a flag value, as ParseHWGRO parses it.
+// UnmarshalText sets m from a flag value, as ParseHWGRO parses it; empty
+// is off, the zero value.
 func (m *HWGROMode) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*m = HWGROOff
+		return nil
+	}
 	v, err := ParseHWGRO(string(b))
 	if err != nil {
 		return err

@@ -75,7 +75,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 func printDefaults(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		name, usage := flag.UnquoteUsage(f)
-		if e, ok := policySwitchNamed(f.Name); ok {
+		if e, ok := policySwitchNamed(f.Name); ok && strings.HasPrefix(f.Usage, e.help()) { // not bench -matrix's own -mtu, -lro
 			name = e.values
 		}
 		var b strings.Builder

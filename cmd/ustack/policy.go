@@ -58,7 +58,7 @@ type textVar interface {
 var policies = []policySwitch{
 	{name: "mtu", values: "N", def: "1500", kernel: "ip link set mtu", summary: true,
 		usage: "IP MTU of the link; match the TAP's",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.MTU, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.MTU} }},
 	{name: "rq", values: "striding|cyclic", def: "striding", kernel: "mlx5 priv flag rx_striding_rq", summary: true,
 		usage: "receive queue: multi-packet WQEs cut into 64 B strides, frames back to back (striding), or one buffer per frame (cyclic, the legacy ring)",
 		bind:  func(p *policy) any { return &p.cfg.Driver.RQ }},
@@ -82,22 +82,22 @@ var policies = []policySwitch{
 		bind:  func(p *policy) any { return &duration{p: &p.cfg.GROFlushTimeout} }},
 	{name: "budget", values: "N", def: strconv.Itoa(driver.DefaultBudget), kernel: "NAPI weight (NAPI_POLL_WEIGHT)",
 		usage: "NAPI budget: frames per poll batch; the NIC model also publishes its completions every N frames",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.Budget, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.Budget} }},
 	{name: "coalesce-bytes", values: "N", def: "0", kernel: "ethtool -C (interrupt moderation)",
 		usage: "interrupt moderation by bytes: the NIC model publishes completions once they hold this many bytes, if before -budget frames (0: by frames only)",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.CoalesceBytes, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.CoalesceBytes} }},
 	{name: "rx-ring", values: "N", def: strconv.Itoa(driver.DefaultRingSize), kernel: "mlx5 completion queue size",
 		usage: "completion queue entries (power of two; at most 65536 with -hw-gro)",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.RingSize, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.RingSize} }},
 	{name: "rq-size", values: "N", def: "0", kernel: "ethtool -G rx",
 		usage: fmt.Sprintf("receive queue depth in WQEs: ring memory the NIC model fills ahead of the poll loop (0: %d striding WQEs, or -rx-ring frames with a buffer per frame)", driver.DefaultRQSizeStriding),
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.RQSize, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.RQSize} }},
 	{name: "rq-full", values: "stall|drop", def: "stall", kernel: "mlx5 rx_out_of_buffer",
 		usage: "when the RQ is full: the NIC model waits for the poll loop, the wire queues (stall), or drops the frame (drop: rx_drop_out_of_buffer, as a NIC without posted buffers)",
 		bind:  func(p *policy) any { return &choice{p: &p.cfg.Driver.RQDrop, off: "stall", on: "drop"} }},
 	{name: "page-order", values: "N", def: "0", kernel: "page_pool order",
 		usage: "highest RX page allocation order 0..4",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.Order, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.Order} }},
 	{name: "page-size", values: "4k|64k", def: "4k", kernel: "PAGE_SIZE",
 		usage: "base page size (64k: a PowerPC-style machine)",
 		bind:  func(p *policy) any { return (*pageSize)(&p.cfg.Pool.PageSize) }},
@@ -109,13 +109,13 @@ var policies = []policySwitch{
 		bind:  func(p *policy) any { return &p.cfg.Pool.Poison }},
 	{name: "pool-mem", values: "BYTES", def: "0",
 		usage: "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop",
-		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.Pool.MaxBytes, min: 0} }},
+		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.Pool.MaxBytes, nonNeg: true} }},
 	{name: "pool-ring", values: "N", def: "0", kernel: "page_pool ptr_ring size",
 		usage: "pages the pool's quarantine ring holds (0: every page the RQ can span)",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.RingSize, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.RingSize, nonNeg: true} }},
 	{name: "tcp-rmem-max", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_rmem (max)",
 		usage: fmt.Sprintf("largest TCP receive buffer auto-tuning grows to (0: %d)", stack.DefaultTCPReceiveBufferMax),
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, nonNeg: true} }},
 	{name: "zero-copy", values: "off|on|views", def: "off", kernel: "TCP_ZEROCOPY_RECEIVE (tcp_mmap)",
 		usage: "payload to gVisor without a copy; views: the discard server also reads with TCPConn.ReadViews, in place",
 		bind:  func(p *policy) any { return &zeroCopy{on: &p.cfg.ZeroCopy, views: &p.views} }},
@@ -145,7 +145,7 @@ var policies = []policySwitch{
 		bind:  func(p *policy) any { return (*offOn)(&p.cfg.NoCPUMapGRO) }},
 	{name: "cpumap-qsize", values: "N", def: "0", kernel: "bpf_cpumap_val.qsize",
 		usage: "ring size of each cpumap entry (0: 2048)",
-		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.CPUMapQueue, min: 0} }},
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.CPUMapQueue, nonNeg: true} }},
 	{name: "nic-cpu", values: "LIST", def: "", kernel: "/proc/irq/N/smp_affinity",
 		usage: "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)",
 		bind:  func(p *policy) any { return (*cpuList)(&p.cfg.Driver.NICCPUs) }},
@@ -381,10 +381,11 @@ func (c *choice) UnmarshalText(t []byte) error {
 	return nil
 }
 
-// number is an integer of at least min.
+// number is an integer; with nonNeg, one >= 0 (the fields the command
+// checks; the driver and the pool check theirs).
 type number[T int | int64] struct {
-	p   *T
-	min T
+	p      *T
+	nonNeg bool
 }
 
 func (n *number[T]) MarshalText() ([]byte, error) {
@@ -393,8 +394,11 @@ func (n *number[T]) MarshalText() ([]byte, error) {
 
 func (n *number[T]) UnmarshalText(t []byte) error {
 	v, err := strconv.ParseInt(string(t), 0, 64)
-	if err != nil || T(v) < n.min || int64(T(v)) != v {
-		return fmt.Errorf("want an integer >= %d", n.min)
+	switch {
+	case err != nil || int64(T(v)) != v:
+		return errors.New("want an integer")
+	case n.nonNeg && v < 0:
+		return errors.New("want an integer >= 0")
 	}
 	*n.p = T(v)
 	return nil

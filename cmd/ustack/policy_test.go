@@ -83,6 +83,11 @@ func TestPolicyTableRoundTrip(t *testing.T) {
 				if got := e.value(&q); got != v {
 					t.Errorf("%s: got %q back", set, got)
 				}
+				for _, f := range policies { // and in a field of its own
+					if got := f.value(&q); f.name != e.name && got != f.def && !(e.name == "xdp" && f.name == "cpumap") {
+						t.Errorf("%s: -%s changed to %q", set, f.name, got)
+					}
+				}
 				if s := q.String(); (v != e.def || e.summary) != strings.Contains(" "+s+" ", " "+e.name+"="+v+" ") {
 					t.Errorf("%s: String %q", set, s)
 				}
@@ -101,7 +106,7 @@ func TestPolicyTableRoundTrip(t *testing.T) {
 		})
 	}
 	// Bad values are refused when the flag is set.
-	for _, bad := range []string{"rq=ring", "lro=maybe", "hds=0", "hds=4097", "hw-gro=yes", "gro-flush-timeout=-1ms", "budget=-1",
+	for _, bad := range []string{"rq=ring", "lro=maybe", "hds=0", "hds=4097", "hw-gro=yes", "gro-flush-timeout=-1ms", "budget=x",
 		"page-size=8k", "pool-recycle=1", "pool-mem=-1", "pool-ring=-1", "tcp-rmem-max=-1", "zero-copy=all", "tunnel=gre",
 		"tunnel-local=10.0.0.1", "tunnel-remote=::ffff:10.0.0.1", "tunnel-addr=10.0.0.1", "cpumap=a", "cpumap-qsize=-1", "nic-cpu=1024"} {
 		if _, err := policyFromSettings([]string{bad}); err == nil {
