@@ -58,6 +58,9 @@ type linkEndpoint struct {
 	// zw records the windows ustack advertises (written under txMu)
 	// and hands gVisor the ACKs it would drop at a closed window.
 	zw zeroWindow
+
+	// mem is the TCP memory governor's hard limit (tcpmem_governor.go).
+	mem tcpMemGate
 }
 
 var _ stack.LinkEndpoint = (*linkEndpoint)(nil)
@@ -96,6 +99,9 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	defer pkt.Release()
 	if ack, ok := e.zw.ackFirst(pkt.Linear); ok {
 		e.dispatch(ack)
+	}
+	if e.mem.hard.Load() && e.tcpMemRefuse(pkt.Linear) {
+		return // tcp_mem's hard limit (tcpmem_governor.go)
 	}
 	if l3, l4, ok := udpTrain(pkt); ok {
 		e.splitUDP(pkt, l3, l4)

@@ -105,6 +105,16 @@ type Config struct {
 	// pin more pages. 0: as many as the pool's ring holds (lent pages wait
 	// in the ring, or on the pool's parked list of the same size).
 	ZeroCopyMaxLent int
+	// TCPMemLimit bounds the stack's TCP receive memory, the sum of its
+	// connections' receive buffers, as Linux's tcp_mem[2] (in bytes):
+	// past TCPMemPressure buffers are shrunk to a fair share, and past
+	// the limit with every buffer at TCPMemFloor, the segments of
+	// connections holding more than that are dropped (see
+	// tcpMemGovernor). 0 means DefaultTCPMemLimit; negative, no bound.
+	TCPMemLimit int64
+	// TCPMemPressure is where memory pressure begins (tcp_mem[1]); it
+	// ends below half of it (tcp_mem[0]). 0 means 3/4 of TCPMemLimit.
+	TCPMemPressure int64
 }
 
 // DefaultTCPReceiveBufferMax is Config.TCPReceiveBufferMax's default, 32
@@ -122,6 +132,8 @@ type Stack struct {
 	ip    *gstack.Stack
 	close sync.Once
 	views viewTotals
+	// mem bounds the TCP receive memory (nil: no bound).
+	mem *tcpMemGovernor
 }
 
 // New builds and starts a stack on cfg.Wire. On error the wire is closed.
@@ -136,6 +148,10 @@ func New(cfg Config) (s *Stack, err error) {
 	}()
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("stack: no address")
+	}
+	memLimit, memPressure, memOn, err := tcpMemLimits(&cfg)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.MAC == ([6]byte{}) {
 		cfg.MAC = DefaultMAC
@@ -212,7 +228,11 @@ func New(cfg Config) (s *Stack, err error) {
 		return nil, err
 	}
 	drv.Start(ep)
-	return &Stack{cfg: cfg, drv: drv, ep: ep, ip: ip}, nil
+	s = &Stack{cfg: cfg, drv: drv, ep: ep, ip: ip}
+	if memOn {
+		s.mem = startTCPMem(ip, &ep.mem, memLimit, memPressure)
+	}
+	return s, nil
 }
 
 // NewWithEndpoint builds a stack with the same gVisor options over another
@@ -226,11 +246,19 @@ func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
 	if cfg.Tunnel != nil {
 		return nil, errors.New("stack: a tunnel needs ustack's own driver")
 	}
+	memLimit, memPressure, memOn, err := tcpMemLimits(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	ip, err := newGVisor(ep, nil, &cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &Stack{cfg: cfg, ip: ip}, nil
+	s := &Stack{cfg: cfg, ip: ip}
+	if memOn {
+		s.mem = startTCPMem(ip, new(tcpMemGate), memLimit, memPressure)
+	}
+	return s, nil
 }
 
 // newGVisor builds the gVisor stack over ep: protocols, TCP options, the NIC,
@@ -453,6 +481,7 @@ func (s *Stack) listenUDPBuffer(addr netip.AddrPort, size int64) (net.PacketConn
 func (s *Stack) Close() error {
 	var err error
 	s.close.Do(func() {
+		s.mem.close()
 		if s.ep != nil {
 			if m := s.ep.trains.m.Load(); m != nil {
 				for _, c := range *m {
@@ -534,6 +563,8 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("tcp_invalid_segments", st.TCP.InvalidSegmentsReceived.Value())
 	fn("tcp_established", st.TCP.CurrentEstablished.Value())
 	fn("tcp_rcv_queued_bytes_current", s.tcpRcvQueued())
+	fn("tcp_mem_committed_bytes", s.tcpCommitted())
+	s.mem.each(fn)
 	fn("udp_packets_received", st.UDP.PacketsReceived.Value())
 	fn("udp_receive_buffer_errors", st.UDP.ReceiveBufferErrors.Value())
 	fn("udp_unknown_port", st.UDP.UnknownPortErrors.Value())

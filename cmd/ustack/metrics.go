@@ -41,6 +41,8 @@ func isGauge(name string) bool {
 	switch name {
 	case "rx_pp_pages_in_use", "rx_pp_bytes_held", "rx_pp_alloc_order", "tcp_established", "rx_gro_held_max":
 		return true
+	case "tcp_mem_committed_bytes", "tcp_mem_pressure", "tcp_mem_hard_limit":
+		return true
 	}
 	return strings.HasSuffix(name, "_current")
 }

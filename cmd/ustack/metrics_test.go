@@ -93,3 +93,16 @@ func TestRunCounters(t *testing.T) {
 		t.Errorf("printCounters: want the stack's rx_packets and the servers' server_conns_refused in\n%s", b.String())
 	}
 }
+
+// TestTCPMemGauges checks that the governor's levels are exported as
+// Prometheus gauges, its totals as counters.
+func TestTCPMemGauges(t *testing.T) {
+	for name, gauge := range map[string]bool{
+		"tcp_mem_committed_bytes": true, "tcp_mem_pressure": true, "tcp_mem_hard_limit": true,
+		"tcp_mem_pressure_entered": false, "tcp_mem_rcvbuf_shrinks": false, "rx_tcp_mem_drops": false,
+	} {
+		if got := isGauge(name); got != gauge {
+			t.Errorf("isGauge(%q): got %v, want %v", name, got, gauge)
+		}
+	}
+}

@@ -116,6 +116,12 @@ var policies = []policySwitch{
 	{name: "tcp-rmem-max", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_rmem (max)",
 		usage: fmt.Sprintf("largest TCP receive buffer auto-tuning grows to (0: %d)", stack.DefaultTCPReceiveBufferMax),
 		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, nonNeg: true} }},
+	{name: "tcp-mem-limit", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (high)",
+		usage: fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: %d, negative: no bound)", stack.TCPMemFloor, stack.DefaultTCPMemLimit),
+		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemLimit} }},
+	{name: "tcp-mem-pressure", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (pressure)",
+		usage: "bytes committed at which memory pressure begins: auto-tuning stops at a fair share of -tcp-mem-limit and larger buffers are shrunk to it; it ends below half of this (0: 3/4 of -tcp-mem-limit)",
+		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemPressure, nonNeg: true} }},
 	{name: "zero-copy", values: "off|on|views", def: "off", kernel: "TCP_ZEROCOPY_RECEIVE (tcp_mmap)",
 		usage: "payload to gVisor without a copy; views: the discard server also reads with TCPConn.ReadViews, in place",
 		bind:  func(p *policy) any { return &zeroCopy{on: &p.cfg.ZeroCopy, views: &p.views} }},
@@ -279,6 +285,9 @@ func splitSettings(s string) []string {
 // (ustack bench); stack.New rejects a tunnel without them.
 func (p *policy) finish() (stack.Config, error) {
 	c := p.cfg
+	if c.TCPMemLimit > 0 && c.TCPMemPressure > c.TCPMemLimit {
+		return c, fmt.Errorf("tcp-mem-pressure %d: want 0..-tcp-mem-limit", c.TCPMemPressure)
+	}
 	if p.tunnel {
 		t := p.tun
 		t.Addrs = append([]netip.Prefix(nil), t.Addrs...)

@@ -40,6 +40,8 @@ var policyExamples = map[string][]string{
 	"pool-mem":          {"67108864"},
 	"pool-ring":         {"512"},
 	"tcp-rmem-max":      {"67108864"},
+	"tcp-mem-limit":     {"8388608", "-1"},
+	"tcp-mem-pressure":  {"4194304"},
 	"zero-copy":         {"on", "views", "off"},
 	"tunnel":            {"ip6tnl", "off"},
 	"tunnel-local":      {"fd00::1"},
@@ -107,7 +109,7 @@ func TestPolicyTableRoundTrip(t *testing.T) {
 	}
 	// Bad values are refused when the flag is set.
 	for _, bad := range []string{"rq=ring", "lro=maybe", "hds=0", "hds=4097", "hw-gro=yes", "gro-flush-timeout=-1ms", "budget=x",
-		"page-size=8k", "pool-recycle=1", "pool-mem=-1", "pool-ring=-1", "tcp-rmem-max=-1", "zero-copy=all", "tunnel=gre",
+		"page-size=8k", "pool-recycle=1", "pool-mem=-1", "pool-ring=-1", "tcp-rmem-max=-1", "tcp-mem-pressure=-1", "zero-copy=all", "tunnel=gre",
 		"tunnel-local=10.0.0.1", "tunnel-remote=::ffff:10.0.0.1", "tunnel-addr=10.0.0.1", "cpumap=a", "cpumap-qsize=-1", "nic-cpu=1024"} {
 		if _, err := policyFromSettings([]string{bad}); err == nil {
 			t.Errorf("%s: no error", bad)
