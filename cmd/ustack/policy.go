@@ -192,12 +192,17 @@ func policyDoc() string {
 		if e.values != "" {
 			flag += " " + e.values
 		}
-		def := e.def
-		switch {
-		case def == "" || def == "false":
+		def, kernel := e.def, e.kernel
+		switch def {
+		case "false":
 			def = "off"
+		case "":
+			def = "none"
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", cell(flag), cell(def), cell(e.kernel), cell(e.usage))
+		if kernel == "" {
+			kernel = "-"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", cell(flag), cell(def), cell(kernel), cell(e.usage))
 	}
 	return b.String()
 }
