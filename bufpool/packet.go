@@ -56,25 +56,13 @@ var packetCache = sync.Pool{New: func() any {
 // caller. Taking one from the cache does not allocate in steady state.
 func NewPacket() *Packet { return packetCache.Get().(*Packet) }
 
-// PayloadLen returns the bytes held in the frags (Next's excluded).
-func (p *Packet) PayloadLen() int { return p.Len - len(p.Linear) }
-
-// LinearCap returns the capacity of the linear part.
-func (p *Packet) LinearCap() int { return len(p.linear) }
-
-// FragsFull reports whether no more frags fit.
-func (p *Packet) FragsFull() bool { return len(p.Frags) == cap(p.Frags) }
-
-// CopyTo copies the whole frame (linear part, frags, then any chained
-// packets' linear parts and frags) into b and returns the count; b must be
-// large enough.
+// CopyTo copies the frame into b and returns the count: the linear part,
+// the frags, then each chained packet's bytes after its HdrLen (Walk(0)).
+// b must be large enough.
 func (p *Packet) CopyTo(b []byte) int {
 	n := 0
-	for q := p; q != nil; q = q.Next {
-		n += copy(b[n:], q.Linear)
-		for _, f := range q.Frags {
-			n += copy(b[n:], f.Bytes())
-		}
+	for w := p.Walk(0); w.Next(); {
+		n += copy(b[n:], w.Bytes())
 	}
 	return n
 }

@@ -24,9 +24,16 @@ func TestHWGROBulk(t *testing.T) {
 				if c["rx_gro_hw_sessions"] == 0 {
 					t.Errorf("rx_gro_hw_sessions: got 0, want > 0")
 				}
-				if mode == driver.HWGROCoalesce && c["rx_gro_hw_mappable_bytes"]*2 < c["rx_gro_hw_payload_bytes"] {
-					t.Errorf("mappable bytes %d of %d with coalesce: want most", c["rx_gro_hw_mappable_bytes"], c["rx_gro_hw_payload_bytes"])
+				// Coalescing makes every frag of a session page-sized
+				// but the partial pages at its two ends. How long the
+				// sessions are is the sender's doing (a session ends at
+				// a short segment or a new timestamp, as software GRO's
+				// packets do): under load its TSO bursts are small.
+				mappable, payload, sessions := c["rx_gro_hw_mappable_bytes"], c["rx_gro_hw_payload_bytes"], c["rx_gro_hw_sessions"]
+				if mode == driver.HWGROCoalesce && mappable+2*4096*sessions < payload {
+					t.Errorf("mappable bytes %d of %d in %d sessions with coalesce: want all but the sessions' partial pages", mappable, payload, sessions)
 				}
+				t.Logf("mappable bytes %d of %d in %d sessions", mappable, payload, sessions)
 				if mode == driver.HWGROOn && c["rx_gro_hw_mappable_bytes"] != 0 {
 					t.Errorf("mappable bytes with hw-gro on: got %d, want 0", c["rx_gro_hw_mappable_bytes"])
 				}

@@ -115,9 +115,6 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
 		payload = buffer.NewView(n)
 		writeAfter(payload, pkt, len(pkt.Linear))
-		for q := pkt.Next; q != nil; q = q.Next {
-			writeAfter(payload, q, q.HdrLen)
-		}
 	}
 	if e.pcap != nil {
 		var b []byte
@@ -138,9 +135,6 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
 	var payload buffer.Buffer
 	e.lend.lendAfter(&payload, pkt, len(pkt.Linear))
-	for q := pkt.Next; q != nil; q = q.Next {
-		e.lend.lendAfter(&payload, q, q.HdrLen)
-	}
 	if e.pcap != nil {
 		e.pcap.WriteFrame(time.Now(), pkt.Linear, payload.Flatten())
 	}
@@ -183,23 +177,11 @@ func chainHeaders(p *driver.Packet) int {
 	return n
 }
 
-// writeAfter writes q's bytes from offset skip on (linear part, then
-// frags) to v.
-func writeAfter(v *buffer.View, q *driver.Packet, skip int) {
-	if skip < len(q.Linear) {
-		v.Write(q.Linear[skip:])
-		skip = 0
-	} else {
-		skip -= len(q.Linear)
-	}
-	for _, f := range q.Frags {
-		b := f.Bytes()
-		if skip >= len(b) {
-			skip -= len(b)
-			continue
-		}
-		v.Write(b[skip:])
-		skip = 0
+// writeAfter writes p's bytes from offset skip on, and its chain's
+// payload (bufpool.Packet.Walk), to v.
+func writeAfter(v *buffer.View, p *driver.Packet, skip int) {
+	for w := p.Walk(skip); w.Next(); {
+		v.Write(w.Bytes())
 	}
 }
 

@@ -29,12 +29,10 @@ var pageBuckets = [...]struct {
 func (s *pageStats) count(p *bufpool.Packet) {
 	n := 0
 	var last *bufpool.Page
-	for q := p; q != nil; q = q.Next {
-		for i := range q.Frags {
-			if pg := q.Frags[i].Page; pg != last {
-				n++
-				last = pg
-			}
+	for w := p.Walk(0); w.Next(); {
+		if f := w.Frag(); f != nil && f.Page != last {
+			n++
+			last = f.Page
 		}
 	}
 	if n == 0 {

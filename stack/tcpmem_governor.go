@@ -12,10 +12,21 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
-// DefaultTCPMemLimit is Config.TCPMemLimit's default, 512 MiB: 4096
-// connections (one built-in server's limit) at 128 KiB each, or 16 at the
-// 32 MiB that auto-tuning may grow one to (DefaultTCPReceiveBufferMax).
-const DefaultTCPMemLimit = 512 << 20
+// DefaultTCPMemLimit is Config.TCPMemLimit's default: 3/32 of the
+// machine's memory, as Linux sizes tcp_mem's high value at boot
+// (tcp_init_mem: pressure at 1/16 of the free buffer pages, high at 3/2
+// of that): 2.25 GiB on a 24 GiB machine, so that a thousand connections
+// at gVisor's default 1 MiB buffer are no pressure, as they are none on
+// Linux. Where the memory size is unknown, 512 MiB: 4096 connections (one
+// built-in server's limit) at 128 KiB each.
+var DefaultTCPMemLimit = defaultTCPMemLimit(totalRAM())
+
+func defaultTCPMemLimit(ram int64) int64 {
+	if ram <= 0 {
+		return 512 << 20
+	}
+	return ram / 32 * 3
+}
 
 // TCPMemFloor is the receive buffer every connection keeps under memory
 // pressure, and the in-order queue below which it still gets memory at

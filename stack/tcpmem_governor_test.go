@@ -312,3 +312,19 @@ func TestTCPMemRefuseNoAllocs(t *testing.T) {
 		t.Errorf("allocations per segment: got %v, want 0", a)
 	}
 }
+
+// TestDefaultTCPMemLimit pins the default limit to Linux's tcp_init_mem
+// sizing: 3/32 of the memory, 512 MiB where it is unknown.
+func TestDefaultTCPMemLimit(t *testing.T) {
+	for _, tc := range []struct{ ram, want int64 }{
+		{24 << 30, 2304 << 20},
+		{0, 512 << 20},
+	} {
+		if got := defaultTCPMemLimit(tc.ram); got != tc.want {
+			t.Errorf("defaultTCPMemLimit(%d): got %d, want %d", tc.ram, got, tc.want)
+		}
+	}
+	if totalRAM() <= 0 {
+		t.Logf("memory size unknown here: default %d", DefaultTCPMemLimit)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -198,6 +200,51 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	return true
 }
 
+// udpTrain reports whether p is a UDP packet that aggregates several
+// datagrams (a UDP GRO train), and where its IP and UDP headers are.
+func udpTrain(p *bufpool.Packet) (l3, l4 int, ok bool) {
+	if p.Segs < 2 || p.GSOSize == 0 {
+		return 0, 0, false
+	}
+	return udpHeaders(p)
+}
+
+// splitUDP hands a UDP train to gVisor as the datagrams it was made of, as
+// the kernel does for a socket without UDP_GRO: the payload is copied once
+// into one view, and each datagram gets its own rebuilt headers and a clone
+// of its part of that view.
+func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
+	hdrLen := l4 + header.UDPMinimumSize
+	total := p.TotalLen() - chainHeaders(p) - hdrLen
+	all := buffer.NewView(total)
+	writeAfter(all, p, hdrLen)
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
+	}
+	gso := int(p.GSOSize)
+	for off := 0; off < total; off += gso {
+		n := min(gso, total-off)
+		hv := buffer.NewViewWithData(p.Linear[:hdrLen])
+		h := hv.AsSlice()
+		ip := h[l3:l4]
+		if ip[0]>>4 == 4 {
+			binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+8+n))
+			ip[10], ip[11] = 0, 0
+			checksum.Put(ip[10:], ^checksum.Checksum(ip, 0))
+		} else {
+			binary.BigEndian.PutUint16(ip[4:], uint16(len(ip)-40+8+n))
+		}
+		binary.BigEndian.PutUint16(h[l4+4:], uint16(8+n))
+		pv := all.Clone()
+		pv.TrimFront(off)
+		pv.CapLength(n)
+		buf := buffer.MakeWithView(hv)
+		buf.Append(pv)
+		e.dispatch(buf)
+	}
+	all.Release()
+}
+
 // udpDest returns the destination address of the IP header at l3.
 func udpDest(l []byte, l3 int) netip.Addr {
 	if l[l3]>>4 == 4 {
@@ -241,30 +288,12 @@ func udpHeaders(p *bufpool.Packet) (l3, l4 int, ok bool) {
 	return 14, l4, len(l) >= l4+header.UDPMinimumSize
 }
 
-// copyAfter copies the packet's bytes after skip (and its chain's payload)
-// into b, as far as b reaches, and returns the count.
+// copyAfter copies the packet's bytes after skip, and its chain's payload
+// (bufpool.Packet.Walk), into b, as far as b reaches, and returns the count.
 func copyAfter(b []byte, p *bufpool.Packet, skip int) int {
 	n := 0
-	for q := p; q != nil && n < len(b); q = q.Next {
-		s := skip
-		if q != p {
-			s = q.HdrLen
-		}
-		if s < len(q.Linear) {
-			n += copy(b[n:], q.Linear[s:])
-			s = 0
-		} else {
-			s -= len(q.Linear)
-		}
-		for _, f := range q.Frags {
-			fb := f.Bytes()
-			if s >= len(fb) {
-				s -= len(fb)
-				continue
-			}
-			n += copy(b[n:], fb[s:])
-			s = 0
-		}
+	for w := p.Walk(skip); n < len(b) && w.Next(); {
+		n += copy(b[n:], w.Bytes())
 	}
 	return n
 }

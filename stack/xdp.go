@@ -61,9 +61,9 @@ func (e *linkEndpoint) runXDP(p *bufpool.Packet) bool {
 // xdpTX sends a frame back out of the wire as it is (XDP_TX) and releases it.
 func (e *linkEndpoint) xdpTX(p *bufpool.Packet) {
 	defer p.Release()
-	parts := append(e.xdpParts[:0], p.Linear)
-	for _, f := range p.Frags {
-		parts = append(parts, f.Bytes())
+	parts := e.xdpParts[:0]
+	for w := p.Walk(0); w.Next(); {
+		parts = append(parts, w.Bytes())
 	}
 	var h driver.VirtioNetHdr
 	if err := e.drv.Transmit(&h, parts); err != nil {

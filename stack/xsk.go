@@ -75,16 +75,9 @@ func (e *linkEndpoint) toXSK(p *driver.Packet) bool {
 		return false
 	}
 	e.xsk.redirects.Add(1)
-	parts := append(e.xdpParts[:0], p.Linear)
-	for _, f := range p.Frags {
-		parts = append(parts, f.Bytes())
-	}
-	for q := p.Next; q != nil; q = q.Next {
-		// Not expected before GRO, but a chain is part of the frame.
-		parts = append(parts, q.Linear)
-		for _, f := range q.Frags {
-			parts = append(parts, f.Bytes())
-		}
+	parts := e.xdpParts[:0]
+	for w := p.Walk(0); w.Next(); {
+		parts = append(parts, w.Bytes())
 	}
 	if e.xsk.inReceive != nil {
 		e.xsk.inReceive()

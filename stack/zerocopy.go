@@ -182,29 +182,33 @@ func (l *lendStats) each(fn func(string, uint64)) {
 	fn("zc_frags_copied_layout", l.copiedLayout.Load())
 }
 
-// lendAfter appends q's bytes from offset skip on to b: what is left of the
-// linear part as a copy, each frag as a view of its page's chunk (lent), or
-// as a copy when its page is not a chunk, when it is short, when too many
-// pages are lent already, when q is an IP fragment (gVisor holds those up
+// lendAfter appends p's bytes from offset skip on, and its chain's payload
+// (bufpool.Packet.Walk), to b: what is left of a linear part as a copy,
+// each frag as a view of its page's chunk (lent), or as a copy when its
+// page is not a chunk, when its packet is short, when too many pages are
+// lent already, when its packet is an IP fragment (gVisor holds those up
 // to 30 s for reassembly), or when gVisor's layout is unknown.
-func (l *lendStats) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
-	// A short segment is copied whole (gVisor charges it its size), a
-	// longer one lent whole even if a frame's split over two pages left a
-	// short frag.
-	small := q.Len-skip < l.minLend
-	if skip < len(q.Linear) {
-		b.Append(buffer.NewViewWithData(q.Linear[skip:]))
-		skip = 0
-	} else {
-		skip -= len(q.Linear)
-	}
-	ipFrag := l.ipFrags && len(q.Frags) > 0 && isIPFragment(q.Linear)
-	for _, f := range q.Frags {
-		if skip >= int(f.Len) {
-			skip -= int(f.Len)
+func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
+	var q *driver.Packet // the packet the walk is in
+	var small, ipFrag bool
+	for w := p.Walk(skip); w.Next(); {
+		if w.Packet() != q {
+			// A short segment is copied whole (gVisor charges it its
+			// size), a longer one lent whole even if a frame's split over
+			// two pages left a short frag.
+			q = w.Packet()
+			from := q.HdrLen
+			if q == p {
+				from = skip
+			}
+			small = q.Len-from < l.minLend
+			ipFrag = l.ipFrags && len(q.Frags) > 0 && isIPFragment(q.Linear)
+		}
+		f := w.Frag()
+		if f == nil {
+			b.Append(buffer.NewViewWithData(w.Bytes()))
 			continue
 		}
-		n := int(f.Len) - skip
 		pv, ok := f.Page.Mem().(*buffer.View)
 		var why *atomic.Uint64
 		switch {
@@ -221,15 +225,14 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, q *driver.Packet, skip int) {
 			why = &l.copiedBound
 		}
 		if why != nil {
-			b.Append(buffer.NewViewWithData(f.Bytes()[skip:]))
+			b.Append(buffer.NewViewWithData(w.Bytes()))
 			why.Add(1)
-			skip = 0
 			continue
 		}
+		n := len(w.Bytes())
 		v := pv.Clone()
-		v.TrimFront(int(f.Off) + skip)
+		v.TrimFront(int(f.Off+f.Len) - n)
 		v.CapLength(n)
-		skip = 0
 		// Lend before the packet's frags are released: the pool must see
 		// the mark by the time the page's count falls back.
 		f.Page.Lend()

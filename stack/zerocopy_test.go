@@ -477,3 +477,67 @@ func TestReadViewsClose(t *testing.T) {
 		t.Fatal("Close did not return")
 	}
 }
+
+// TestLendChainPerPacket: lendAfter decides "short, so copied" per packet
+// of a GRO chain, each on its own payload (the head's after skip, a chained
+// packet's after its HdrLen), as it did when called once per packet: a
+// short chained segment is copied between lent ones, and the bytes are the
+// walk's.
+func TestLendChainPerPacket(t *testing.T) {
+	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), PageSize: bufpool.PageSize64K})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := pool.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := page.Bytes()
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	hdr := make([]byte, 54)
+	// pkt returns a packet of hdr, then n bytes of payload from offset off
+	// of the page: extra of them in the linear part, the rest in a frag.
+	pkt := func(off, n, extra int) *bufpool.Packet {
+		p := bufpool.NewPacket()
+		p.Linear = append(append(p.Linear, hdr...), b[off:off+extra]...)
+		p.HdrLen = len(hdr)
+		page.IncRef()
+		p.Frags = append(p.Frags, bufpool.Frag{Page: page, Off: uint32(off + extra), Len: uint32(n - extra)})
+		p.Len = len(hdr) + n
+		return p
+	}
+	// The head's skip (its linear part) is 20 bytes past its HdrLen: a
+	// chained packet's payload is counted after its own HdrLen, so 1040
+	// bytes are lent.
+	head := pkt(0, 2000, 20)
+	head.Next = pkt(4000, 1040, 10)
+	head.Next.Next = pkt(8000, 100, 0) // < lendMinBytes: copied
+	head.Next.Next.Next = pkt(12000, 1448, 0)
+	var want []byte
+	want = append(want, b[20:2000]...)
+	want = append(want, b[4000:5040]...)
+	want = append(want, b[8000:8100]...)
+	want = append(want, b[12000:13448]...)
+
+	l := &lendStats{minLend: lendMinBytes}
+	var buf buffer.Buffer
+	l.lendAfter(&buf, head, len(head.Linear))
+	head.Release()
+	page.DecRef() // Get's reference
+	if got := buf.Flatten(); string(got) != string(want) {
+		t.Errorf("lent bytes: got %d bytes, want %d (or they differ)", len(got), len(want))
+	}
+	if got, want := l.views.Load(), uint64(3); got != want {
+		t.Errorf("zc_views_lent: got %d, want %d", got, want)
+	}
+	if got, want := l.copiedSmall.Load(), uint64(1); got != want {
+		t.Errorf("zc_frags_copied_small: got %d, want %d", got, want)
+	}
+	buf.Release()
+	pool.Close()
+	if n := pool.InUse(); n != 0 {
+		t.Errorf("pages in use: got %d, want 0", n)
+	}
+}
