@@ -117,7 +117,7 @@ var policies = []policySwitch{
 		usage: fmt.Sprintf("largest TCP receive buffer auto-tuning grows to (0: %d)", stack.DefaultTCPReceiveBufferMax),
 		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, nonNeg: true} }},
 	{name: "tcp-mem-limit", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (high)",
-		usage: fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: %d, negative: no bound)", stack.TCPMemFloor, stack.DefaultTCPMemLimit),
+		usage: fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: 3/32 of the machine's memory, as Linux's tcp_init_mem, 512 MiB if unknown; negative: no bound)", stack.TCPMemFloor),
 		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemLimit} }},
 	{name: "tcp-mem-pressure", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (pressure)",
 		usage: "bytes committed at which memory pressure begins: auto-tuning stops at a fair share of -tcp-mem-limit and larger buffers are shrunk to it; it ends below half of this (0: 3/4 of -tcp-mem-limit)",
