@@ -41,6 +41,38 @@ func ParseRQMode(s string) (RQMode, error) {
 	return 0, fmt.Errorf("rq %q: want striding or cyclic", s)
 }
 
+// MarshalText returns the flag value for m, as String.
+func (m RQMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText sets m from a flag value, as ParseRQMode parses it: m
+// binds a flag with flag.TextVar.
+func (m *RQMode) UnmarshalText(b []byte) error {
+	v, err := ParseRQMode(string(b))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// MarshalText returns the flag value for m, as String.
+func (m HWGROMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText sets m from a flag value, as ParseHWGRO parses it; empty
+// is off, the zero value.
+func (m *HWGROMode) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*m = HWGROOff
+		return nil
+	}
+	v, err := ParseHWGRO(string(b))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
 // HDSAuto selects the minimal header copy of seed 000: only the bytes the
 // CQE's L3/L4 types say are headers go into the linear part.
 const HDSAuto = 0
@@ -66,6 +98,27 @@ func FormatHDS(n int) string {
 		return "auto"
 	}
 	return strconv.Itoa(n)
+}
+
+// HDS is a header copy size in its flag form: "auto" (HDSAuto) or a byte
+// count. Config.HDS stays a plain int; (*HDS)(&cfg.HDS) binds a flag to it
+// with flag.TextVar.
+type HDS int
+
+// String returns "auto" or the byte count, as FormatHDS.
+func (h HDS) String() string { return FormatHDS(int(h)) }
+
+// MarshalText returns h's flag form, as String.
+func (h HDS) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// UnmarshalText sets h from "auto" or a byte count, as ParseHDS.
+func (h *HDS) UnmarshalText(b []byte) error {
+	n, err := ParseHDS(string(b))
+	if err != nil {
+		return err
+	}
+	*h = HDS(n)
+	return nil
 }
 
 // ParseOnOff parses "on" or "off".

@@ -54,6 +54,10 @@ type Config struct {
 	// this Config.
 	Driver driver.Config
 	// Pool configures the RX page pool (used when Driver.Pool is nil).
+	// Pool.NoRecycle also sets Driver.PagePerFrame: a driver without page
+	// recycling starts every frame on a fresh page (seed 001's "before",
+	// as mlx4 did before its page cache), so recycling off is the whole
+	// of that behaviour, not only the pool's half.
 	Pool bufpool.Config
 	// Pcap, if set, records every packet as it is handed to gVisor (after
 	// GRO: a merged packet is one large frame). PcapWire records the frames
@@ -170,6 +174,9 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	if dc.Pool == nil {
 		pc := cfg.Pool
+		if pc.NoRecycle {
+			dc.PagePerFrame = true // before ringPages: it sizes the RQ's WQEs
+		}
 		if cfg.ZeroCopy && pc.Memory == nil {
 			pc.Memory = newViewMemory()
 		}

@@ -1,7 +1,8 @@
 package main
 
 import (
-	"github.com/ustack/ustack/driver"
+	"strconv"
+
 	"github.com/ustack/ustack/internal/bench"
 	"github.com/ustack/ustack/stack"
 )
@@ -13,8 +14,7 @@ import (
 func defaultRows(mtu int) []bench.Row {
 	var rows []bench.Row
 	add := func(lro, hds, gro string) {
-		p := basePolicy(mtu)
-		p.lro, p.hds, p.gro = lro, hds, gro
+		p := basePolicy(mtu, "lro="+lro, "hds="+hds, "gro="+gro)
 		rows = append(rows, row("ustack "+p.String(), p))
 	}
 	add("on", "auto", "on")
@@ -31,8 +31,7 @@ func poolRows(mtu int) []bench.Row {
 	var rows []bench.Row
 	for _, size := range []string{"4k", "64k"} {
 		for _, recycle := range []string{"off", "on"} {
-			p := basePolicy(mtu)
-			p.lro, p.pageSize, p.recycle = "off", size, recycle
+			p := basePolicy(mtu, "lro=off", "page-size="+size, "pool-recycle="+recycle)
 			rows = append(rows, row("ustack "+p.String(), p))
 		}
 	}
@@ -47,29 +46,31 @@ func hwGRORows(mtu int) []bench.Row {
 	var rows []bench.Row
 	for _, zc := range []string{"off", "views"} {
 		for _, m := range []string{"off", "on", "coalesce"} {
-			p := basePolicy(mtu)
-			p.lro, p.hwGRO, p.zeroCopy = "off", m, zc
+			p := basePolicy(mtu, "lro=off", "hw-gro="+m, "zero-copy="+zc)
 			rows = append(rows, row("ustack "+p.String(), p))
 		}
 	}
 	return rows
 }
 
-// basePolicy is the default of every switch.
-func basePolicy(mtu int) policy {
-	return policy{mtu: mtu, rq: "striding", lro: "on", hds: "auto", gro: "on", budget: driver.DefaultBudget, ring: driver.DefaultRingSize, pageSize: "4k", recycle: "on", cpuGRO: "on", hwGRO: "off", zeroCopy: "off"}
+// basePolicy is the default of every switch at this MTU, with the
+// settings (valid ones: the bench's own) applied.
+func basePolicy(mtu int, settings ...string) policy {
+	p, err := policyFromSettings(append([]string{"mtu=" + strconv.Itoa(mtu)}, settings...))
+	if err != nil {
+		panic(err) // a bench row of this file with a bad setting
+	}
+	return p
 }
 
 // cpumapPaths are seed 004's three receive paths: no cpumap, and every
 // frame redirected from the poll loop (NIC and poll loop on CPU 0) to a
 // cpumap worker on CPU 1, with its GRO off and on.
 func cpumapPaths(mtu int) []bench.Row {
-	base := basePolicy(mtu)
-	base.nicCPU, base.pollCPU = "0", "0"
-	rows := []bench.Row{row("no cpumap", base)}
+	pinned := []string{"nic-cpu=0", "poll-cpu=0"}
+	rows := []bench.Row{row("no cpumap", basePolicy(mtu, pinned...))}
 	for _, g := range []string{"off", "on"} {
-		p := base
-		p.xdp, p.cpumap, p.cpuGRO = "cpu:0", "1", g
+		p := basePolicy(mtu, append(pinned, "xdp=cpu:0", "cpumap=1", "cpumap-gro="+g)...)
 		rows = append(rows, row("cpumap gro "+g, p))
 	}
 	return rows
@@ -77,14 +78,14 @@ func cpumapPaths(mtu int) []bench.Row {
 
 // row is a bench row measuring ustack with policy p.
 func row(name string, p policy) bench.Row {
-	return bench.Row{Name: name, Policy: benchPolicy{p}, MTU: p.mtu}
+	return bench.Row{Name: name, Policy: benchPolicy{p}, MTU: p.cfg.Driver.MTU}
 }
 
 // benchPolicy is a policy as the bench measures it.
 type benchPolicy struct{ p policy }
 
-func (b benchPolicy) StackConfig() (stack.Config, error) { return b.p.stackConfig() }
-func (b benchPolicy) ReadViews() bool                    { return b.p.zeroCopy == "views" }
+func (b benchPolicy) StackConfig() (stack.Config, error) { return b.p.finish() }
+func (b benchPolicy) ReadViews() bool                    { return b.p.views }
 
 // parseBenchPolicy is policyFromSettings for the bench matrix.
 func parseBenchPolicy(settings []string) (bench.Policy, error) {

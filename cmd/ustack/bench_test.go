@@ -29,12 +29,12 @@ func TestPolicyFromSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.hds != "128" || p.gro != "off" || p.budget != 8 || p.groFlush.String() != "1ms" || !p.poison || p.cpumap != "0,1" {
-		t.Errorf("got %+v", p)
+	if c := p.cfg; c.Driver.HDS != 128 || !c.NoGRO || c.Driver.Budget != 8 || c.GROFlushTimeout.String() != "1ms" || !c.Pool.Poison || !slices.Equal(c.CPUMap, []int{0, 1}) {
+		t.Errorf("got %+v", c)
 	}
 	// Switches not given keep their defaults, as on the command line.
-	if def := basePolicy(1500); p.lro != def.lro || p.mtu != def.mtu || p.ring != def.ring || p.rq != def.rq {
-		t.Errorf("defaults: got %+v, want those of %+v", p, def)
+	if def := basePolicy(1500); p.cfg.Driver.LRO != def.cfg.Driver.LRO || p.cfg.Driver.MTU != def.cfg.Driver.MTU || p.cfg.Driver.RingSize != def.cfg.Driver.RingSize || p.cfg.Driver.RQ != def.cfg.Driver.RQ {
+		t.Errorf("defaults: got %+v, want those of %+v", p.cfg, def.cfg)
 	}
 	for _, bad := range []string{"hds", "nosuch=1", "budget=x", "=1"} {
 		if _, err := policyFromSettings([]string{bad}); err == nil {
@@ -50,7 +50,7 @@ func TestPolicyStackConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := p.stackConfig()
+	c, err := p.finish()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestPolicyStackConfig(t *testing.T) {
 		t.Errorf("String: %q does not name the switches", s)
 	}
 	base := basePolicy(1500)
-	def, err := base.stackConfig()
+	def, err := base.finish()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestPolicyStackConfig(t *testing.T) {
 	for _, bad := range []string{"wire-read=dma", "tcp-rmem-max=-1", "rq-full=maybe"} {
 		p, err := policyFromSettings([]string{bad})
 		if err == nil {
-			_, err = p.stackConfig()
+			_, err = p.finish()
 		}
 		if err == nil {
 			t.Errorf("%s: no error", bad)

@@ -11,7 +11,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 )
 
 // usageError is a bad command line: printed as one line, exit status 2.
@@ -57,8 +59,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(new(discard))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(os.Stdout)
-			fs.PrintDefaults()
+			printDefaults(os.Stdout, fs)
 			return err
 		}
 		return usageError{err}
@@ -67,6 +68,34 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	return nil
+}
+
+// printDefaults prints fs's flags as flag.PrintDefaults does, naming a
+// policy switch's values as the policy table does (-rq striding|cyclic).
+func printDefaults(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		if e, ok := policySwitchNamed(f.Name); ok && strings.HasPrefix(f.Usage, e.help()) { // not bench -matrix's own -mtu, -lro
+			name = e.values
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "  -%s", f.Name)
+		if name != "" {
+			b.WriteString(" " + name)
+		}
+		b.WriteString("\n    \t")
+		b.WriteString(strings.ReplaceAll(usage, "\n", "\n    \t"))
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			if _, ok := f.Value.(interface{ IsBoolFlag() bool }); ok || fmt.Sprintf("%T", f.Value) != "*flag.stringValue" {
+				fmt.Fprintf(&b, " (default %v)", f.DefValue)
+			} else {
+				fmt.Fprintf(&b, " (default %q)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	})
 }
 
 type discard struct{}

@@ -113,7 +113,7 @@ func matrixCmd(args []string) error {
 		}
 		p, err := policyFromSettings(slices.Concat(base, s.Settings))
 		if err == nil {
-			_, err = p.stackConfig()
+			_, err = p.finish()
 		}
 		if err != nil {
 			return usageError{fmt.Errorf("policy %s: %w", s.Name, err)}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -18,80 +20,232 @@ import (
 	"github.com/ustack/ustack/stack/serve"
 )
 
-// policy holds the receive-path switches shared by run and bench.
+// policy holds the receive-path switches shared by run and bench. The
+// flags bind straight into cfg, which stack.New takes (a Go user gets what
+// the CLI gets: the rules that join packages, such as recycling off
+// meaning a page per frame, are stack.New's); the few fields beside it are
+// what finish turns into cfg once every flag is parsed.
 type policy struct {
-	mtu      int
-	rq       string
-	lro      string
-	wireRead string
-	hds      string
-	gro      string
-	hwGRO    string
-	groFlush time.Duration
-	budget   int
-	coalesce int
-	ring     int
-	rqSize   int
-	rqFull   string
-	order    int
-	pageSize string
-	nicCPU   string
-	pollCPU  string
-	recycle  string
-	xdp      string
-	cpumap   string
-	cpuGRO   string
-	cpuQueue int
-	poison   bool
-	poolMem  int64
-	rmemMax  int
-	poolRing int
-	zeroCopy string
+	cfg stack.Config
 
-	// The tunnel ustack terminates (-tunnel ip6tnl): see tunnelConfig.
-	tunnel        string
-	tunnelLocal   string
-	tunnelRemote  string
-	tunnelRemote4 string
-	tunnelAddrs   prefixList
-
-	tcpMem tcpMemFlags // -tcp-mem-limit, -tcp-mem-pressure
+	xdp    string             // -xdp: parsed by finish, which knows -cpumap's entries
+	views  bool               // -zero-copy views: the discard server reads with ReadViews
+	tunnel bool               // -tunnel ip6tnl
+	tun    stack.TunnelConfig // -tunnel-local, -tunnel-remote, -tunnel-remote4, -tunnel-addr
 }
 
+// policySwitch is one row of the policy table: a flag of ustack run and
+// bench, the help text and docs/policies.md come from it (policyTable).
+type policySwitch struct {
+	name    string // the flag's name
+	values  string // its values, as the help and the table show them
+	def     string // its default, in the form String prints
+	kernel  string // what it models in Linux, or ""
+	usage   string // what it does
+	summary bool   // always in policy.String (bench row names), even at the default
+	// bind returns the flag's variable in p: a textVar bound into p.cfg
+	// (or beside it), or a *bool for a boolean flag (-pool-poison).
+	bind func(p *policy) any
+}
+
+// textVar is what flag.TextVar binds.
+type textVar interface {
+	encoding.TextMarshaler
+	encoding.TextUnmarshaler
+}
+
+// policies is the policy table, in the order of the help and the docs.
+var policies = []policySwitch{
+	{name: "mtu", values: "N", def: "1500", kernel: "ip link set mtu", summary: true,
+		usage: "IP MTU of the link; match the TAP's",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.MTU} }},
+	{name: "rq", values: "striding|cyclic", def: "striding", kernel: "mlx5 priv flag rx_striding_rq", summary: true,
+		usage: "receive queue: multi-packet WQEs cut into 64 B strides, frames back to back (striding), or one buffer per frame (cyclic, the legacy ring)",
+		bind:  func(p *policy) any { return &p.cfg.Driver.RQ }},
+	{name: "lro", values: "on|off", def: "on", kernel: "ethtool -K lro", summary: true,
+		usage: "hand GSO super-frames from the TAP up whole, as hardware LRO; off: cut them into the MTU-sized frames the wire would have carried",
+		bind:  func(p *policy) any { return (*onOff)(&p.cfg.Driver.LRO) }},
+	{name: "wire-read", values: "direct|bounce", def: "direct", kernel: "NIC DMA (direct) or a bounce buffer",
+		usage: "how the NIC model reads LRO super-frames: readv straight into the ring's pages, as DMA (direct), or into a buffer, then copied (bounce)",
+		bind:  func(p *policy) any { return &choice{p: &p.cfg.Driver.BounceRead, off: "direct", on: "bounce"} }},
+	{name: "hds", values: "auto|N", def: "auto", kernel: "mlx5 header copy (MLX5E_RX_MAX_HEAD)", summary: true,
+		usage: fmt.Sprintf("header/data split: copy only the headers into the linear part (auto, seed 000) or N bytes in 1..%d (256: the old mlx5 copy)", driver.MaxHDS),
+		bind:  func(p *policy) any { return (*driver.HDS)(&p.cfg.Driver.HDS) }},
+	{name: "gro", values: "on|off", def: "on", kernel: "ethtool -K gro", summary: true,
+		usage: "software GRO on the poll loop",
+		bind:  func(p *policy) any { return (*offOn)(&p.cfg.NoGRO) }},
+	{name: "hw-gro", values: "off|on|coalesce", def: "off", kernel: "ethtool -K rx-gro-hw (mlx5 SHAMPO)",
+		usage: "hardware GRO; coalesce: adjacent payloads extend one frag up to the page (seed 002); needs -lro off",
+		bind:  func(p *policy) any { return &p.cfg.Driver.HWGRO }},
+	{name: "gro-flush-timeout", values: "D", def: "0s", kernel: "gro_flush_timeout",
+		usage: "keep GRO packets across poll batches until this old; 0 flushes at each batch end",
+		bind:  func(p *policy) any { return &duration{p: &p.cfg.GROFlushTimeout} }},
+	{name: "budget", values: "N", def: strconv.Itoa(driver.DefaultBudget), kernel: "NAPI weight (NAPI_POLL_WEIGHT)",
+		usage: "NAPI budget: frames per poll batch; the NIC model also publishes its completions every N frames",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.Budget} }},
+	{name: "coalesce-bytes", values: "N", def: "0", kernel: "ethtool -C (interrupt moderation)",
+		usage: "interrupt moderation by bytes: the NIC model publishes completions once they hold this many bytes, if before -budget frames (0: by frames only)",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.CoalesceBytes} }},
+	{name: "rx-ring", values: "N", def: strconv.Itoa(driver.DefaultRingSize), kernel: "mlx5 completion queue size",
+		usage: "completion queue entries (power of two; at most 65536 with -hw-gro)",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.RingSize} }},
+	{name: "rq-size", values: "N", def: "0", kernel: "ethtool -G rx",
+		usage: fmt.Sprintf("receive queue depth in WQEs: ring memory the NIC model fills ahead of the poll loop (0: %d striding WQEs, or -rx-ring frames with a buffer per frame)", driver.DefaultRQSizeStriding),
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Driver.RQSize} }},
+	{name: "rq-full", values: "stall|drop", def: "stall", kernel: "mlx5 rx_out_of_buffer",
+		usage: "when the RQ is full: the NIC model waits for the poll loop, the wire queues (stall), or drops the frame (drop: rx_drop_out_of_buffer, as a NIC without posted buffers)",
+		bind:  func(p *policy) any { return &choice{p: &p.cfg.Driver.RQDrop, off: "stall", on: "drop"} }},
+	{name: "page-order", values: "N", def: "0", kernel: "page_pool order",
+		usage: "highest RX page allocation order 0..4",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.Order} }},
+	{name: "page-size", values: "4k|64k", def: "4k", kernel: "PAGE_SIZE",
+		usage: "base page size (64k: a PowerPC-style machine)",
+		bind:  func(p *policy) any { return (*pageSize)(&p.cfg.Pool.PageSize) }},
+	{name: "pool-recycle", values: "on|off", def: "on", kernel: "mlx4 page recycling, page_pool",
+		usage: "recycle RX pages through the pool's quarantine ring (seed 001); off: a fresh page for every frame",
+		bind:  func(p *policy) any { return (*offOn)(&p.cfg.Pool.NoRecycle) }},
+	{name: "pool-poison", values: "", def: "false", kernel: "CONFIG_PAGE_POISONING",
+		usage: "poison recycled pages and check them when reused (debug)",
+		bind:  func(p *policy) any { return &p.cfg.Pool.Poison }},
+	{name: "pool-mem", values: "BYTES", def: "0",
+		usage: "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop",
+		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.Pool.MaxBytes, nonNeg: true} }},
+	{name: "pool-ring", values: "N", def: "0", kernel: "page_pool ptr_ring size",
+		usage: "pages the pool's quarantine ring holds (0: every page the RQ can span)",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.RingSize, nonNeg: true} }},
+	{name: "tcp-rmem-max", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_rmem (max)",
+		usage: fmt.Sprintf("largest TCP receive buffer auto-tuning grows to (0: %d)", stack.DefaultTCPReceiveBufferMax),
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, nonNeg: true} }},
+	{name: "tcp-mem-limit", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (high)",
+		usage: fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: 3/32 of the machine's memory, as Linux's tcp_init_mem, 512 MiB if unknown; negative: no bound)", stack.TCPMemFloor),
+		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemLimit} }},
+	{name: "tcp-mem-pressure", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (pressure)",
+		usage: "bytes committed at which memory pressure begins: auto-tuning stops at a fair share of -tcp-mem-limit and larger buffers are shrunk to it; it ends below half of this (0: 3/4 of -tcp-mem-limit)",
+		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemPressure, nonNeg: true} }},
+	{name: "zero-copy", values: "off|on|views", def: "off", kernel: "TCP_ZEROCOPY_RECEIVE (tcp_mmap)",
+		usage: "payload to gVisor without a copy; views: the discard server also reads with TCPConn.ReadViews, in place",
+		bind:  func(p *policy) any { return &zeroCopy{on: &p.cfg.ZeroCopy, views: &p.views} }},
+	{name: "tunnel", values: "off|ip6tnl", def: "off", kernel: "ip -6 tunnel add mode any (ip6tnl)",
+		usage: "terminate an IPv6 tunnel (IPv4-in-IPv6 and IPv6-in-IPv6); the driver decapsulates before GRO",
+		bind:  func(p *policy) any { return &choice{p: &p.tunnel, off: "off", on: "ip6tnl"} }},
+	{name: "tunnel-local", values: "ADDR", def: "", kernel: "ip6tnl local",
+		usage: "with -tunnel ip6tnl: ustack's outer IPv6 address, dedicated to the tunnel (added to the TAP's NIC)",
+		bind:  func(p *policy) any { return (*ip6Addr)(&p.tun.Local) }},
+	{name: "tunnel-remote", values: "ADDR", def: "", kernel: "ip6tnl remote",
+		usage: "with -tunnel ip6tnl: the peer's outer IPv6 address that encapsulated replies go to",
+		bind:  func(p *policy) any { return (*ip6Addr)(&p.tun.Remote) }},
+	{name: "tunnel-remote4", values: "ADDR", def: "",
+		usage: "with -tunnel ip6tnl: the peer's outer address for IPv4 inside, if not -tunnel-remote",
+		bind:  func(p *policy) any { return (*ip6Addr)(&p.tun.Remote4) }},
+	{name: "tunnel-addr", values: "CIDR", def: "", kernel: "ip addr add dev ip6tnl",
+		usage: "with -tunnel ip6tnl: ustack's inner address with its prefix, routed through the tunnel (repeatable)",
+		bind:  func(p *policy) any { return (*prefixList)(&p.tun.Addrs) }},
+	{name: "xdp", values: "PROG", def: "", kernel: "ip link set xdp",
+		usage: "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none)",
+		bind:  func(p *policy) any { return (*text)(&p.xdp) }},
+	{name: "cpumap", values: "LIST", def: "", kernel: "BPF_MAP_TYPE_CPUMAP",
+		usage: "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)",
+		bind:  func(p *policy) any { return (*cpuList)(&p.cfg.CPUMap) }},
+	{name: "cpumap-gro", values: "on|off", def: "on", kernel: "cpumap GRO (cpu_map_kthread_run)",
+		usage: "GRO in the cpumap workers",
+		bind:  func(p *policy) any { return (*offOn)(&p.cfg.NoCPUMapGRO) }},
+	{name: "cpumap-qsize", values: "N", def: "0", kernel: "bpf_cpumap_val.qsize",
+		usage: "ring size of each cpumap entry (0: 2048)",
+		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.CPUMapQueue, nonNeg: true} }},
+	{name: "nic-cpu", values: "LIST", def: "", kernel: "/proc/irq/N/smp_affinity",
+		usage: "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)",
+		bind:  func(p *policy) any { return (*cpuList)(&p.cfg.Driver.NICCPUs) }},
+	{name: "poll-cpu", values: "LIST", def: "", kernel: "threaded NAPI's CPU affinity",
+		usage: "pin the poll loop's thread to this CPU list",
+		bind:  func(p *policy) any { return (*cpuList)(&p.cfg.Driver.PollCPUs) }},
+}
+
+// policySwitchNamed returns the table's row for a flag name.
+func policySwitchNamed(name string) (policySwitch, bool) {
+	for _, e := range policies {
+		if e.name == name {
+			return e, true
+		}
+	}
+	return policySwitch{}, false
+}
+
+// help is the flag's usage line: what it does and what it models.
+func (e policySwitch) help() string {
+	if e.kernel == "" {
+		return e.usage
+	}
+	return e.usage + " [Linux: " + e.kernel + "]"
+}
+
+// policyDoc returns docs/policies.md: the policy table in Markdown, for
+// the README's `ustack run` section (TestPolicyTableDocs keeps the file
+// in step).
+func policyDoc() string {
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	var b strings.Builder
+	b.WriteString("<!-- Generated from cmd/ustack/policy.go (policies): go test ./cmd/ustack -run TestPolicyTableDocs -update. Do not edit. -->\n\n")
+	b.WriteString("The receive-path switches of `ustack run`, also those of `ustack bench -a`/`-b` as name=value.\n\n")
+	b.WriteString("| flag | default | Linux analogue | meaning |\n| --- | --- | --- | --- |\n")
+	for _, e := range policies {
+		flag := "-" + e.name
+		if e.values != "" {
+			flag += " " + e.values
+		}
+		def, kernel := e.def, e.kernel
+		switch def {
+		case "false":
+			def = "off"
+		case "":
+			def = "none"
+		}
+		if kernel == "" {
+			kernel = "-"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", cell(flag), cell(def), cell(kernel), cell(e.usage))
+	}
+	return b.String()
+}
+
+// register binds every policy flag into p on fs and sets p to the
+// defaults.
 func (p *policy) register(fs *flag.FlagSet) {
-	fs.IntVar(&p.mtu, "mtu", 1500, "IP MTU of the link")
-	fs.StringVar(&p.rq, "rq", "striding", "receive queue: striding|cyclic")
-	fs.StringVar(&p.lro, "lro", "on", "hand GSO super-frames up whole: on|off")
-	fs.StringVar(&p.wireRead, "wire-read", "direct", "how the NIC model reads LRO super-frames: direct (readv straight into the ring's pages, as DMA) or bounce (into a buffer, then copied)")
-	fs.StringVar(&p.hds, "hds", "auto", "header copy into the linear part: auto (minimal headers)|N bytes")
-	fs.StringVar(&p.gro, "gro", "on", "software GRO on the poll loop: on|off")
-	fs.StringVar(&p.hwGRO, "hw-gro", "off", "hardware GRO (SHAMPO): off|on|coalesce (coalesce: adjacent payloads extend one frag up to the page, seed 002); needs -lro off")
-	fs.DurationVar(&p.groFlush, "gro-flush-timeout", 0, "keep GRO packets across poll batches until this old (gro_flush_timeout); 0 flushes at each batch end")
-	fs.IntVar(&p.budget, "budget", driver.DefaultBudget, "NAPI budget: frames per poll batch")
-	fs.IntVar(&p.coalesce, "coalesce-bytes", 0, "interrupt moderation by bytes: the NIC model publishes completions once they hold this many bytes, if before -budget frames (0: by frames only)")
-	fs.IntVar(&p.ring, "rx-ring", driver.DefaultRingSize, "completion queue entries (power of two)")
-	fs.StringVar(&p.rqFull, "rq-full", "stall", "when the RQ is full: stall (the NIC model waits for the poll loop, the wire queues) or drop (rx_drop_out_of_buffer, as a NIC without posted buffers)")
-	fs.IntVar(&p.rqSize, "rq-size", 0, "receive queue depth in WQEs: ring memory the NIC model fills ahead of the poll loop (0: 8 striding WQEs, or -rx-ring frames with a buffer per frame)")
-	fs.IntVar(&p.order, "page-order", 0, "RX page allocation order 0..4")
-	fs.StringVar(&p.pageSize, "page-size", "4k", "base page size: 4k|64k")
-	fs.StringVar(&p.recycle, "pool-recycle", "on", "recycle RX pages through the pool's quarantine ring (mlx4, seed 001): on|off (off: a fresh page for every frame)")
-	fs.BoolVar(&p.poison, "pool-poison", false, "poison recycled pages and check them when reused (debug)")
-	fs.Int64Var(&p.poolMem, "pool-mem", 0, "bytes the page pool may allocate (0: no limit); past it allocations fall back to lower orders, then drop")
-	fs.IntVar(&p.poolRing, "pool-ring", 0, "pages the pool's quarantine ring holds (0: default)")
-	fs.IntVar(&p.rmemMax, "tcp-rmem-max", 0, fmt.Sprintf("largest TCP receive buffer auto-tuning grows to, in bytes (tcp_rmem's max; 0: %d)", stack.DefaultTCPReceiveBufferMax))
-	fs.StringVar(&p.zeroCopy, "zero-copy", "off", "payload to gVisor without a copy: off|on|views (views: the discard server also reads with TCPConn.ReadViews, in place)")
-	fs.StringVar(&p.tunnel, "tunnel", "off", "terminate an IPv6 tunnel (IPv4-in-IPv6 and IPv6-in-IPv6, as ip6tnl mode any): off|ip6tnl; the driver decapsulates before GRO")
-	fs.StringVar(&p.tunnelLocal, "tunnel-local", "", "with -tunnel ip6tnl: ustack's outer IPv6 address, dedicated to the tunnel (added to the TAP's NIC)")
-	fs.StringVar(&p.tunnelRemote, "tunnel-remote", "", "with -tunnel ip6tnl: the peer's outer IPv6 address that encapsulated replies go to")
-	fs.StringVar(&p.tunnelRemote4, "tunnel-remote4", "", "with -tunnel ip6tnl: the peer's outer address for IPv4 inside, if not -tunnel-remote")
-	fs.Var(&p.tunnelAddrs, "tunnel-addr", "with -tunnel ip6tnl: ustack's inner address with its prefix, routed through the tunnel (repeatable)")
-	fs.StringVar(&p.xdp, "xdp", "", "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none)")
-	fs.StringVar(&p.cpumap, "cpumap", "", "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)")
-	fs.StringVar(&p.cpuGRO, "cpumap-gro", "on", "GRO in the cpumap workers: on|off")
-	fs.IntVar(&p.cpuQueue, "cpumap-qsize", 0, "ring size of each cpumap entry (0: 2048)")
-	fs.StringVar(&p.nicCPU, "nic-cpu", "", "pin the NIC model's thread to this CPU list (e.g. 1 or 0,1)")
-	fs.StringVar(&p.pollCPU, "poll-cpu", "", "pin the poll loop's thread to this CPU list")
-	p.tcpMem.register(fs)
+	for _, e := range policies {
+		switch v := e.bind(p).(type) {
+		case *bool:
+			fs.BoolVar(v, e.name, e.def == "true", e.help())
+		case textVar:
+			if err := v.UnmarshalText([]byte(e.def)); err != nil {
+				panic(fmt.Sprintf("policy -%s: default %q: %v", e.name, e.def, err))
+			}
+			fs.TextVar(v, e.name, v, e.help())
+		default:
+			panic(fmt.Sprintf("policy -%s: cannot bind %T", e.name, v))
+		}
+	}
+}
+
+// value returns e's value in p, in the form the flag takes.
+func (e policySwitch) value(p *policy) string {
+	switch v := e.bind(p).(type) {
+	case *bool:
+		return strconv.FormatBool(*v)
+	case textVar:
+		b, err := v.MarshalText()
+		if err != nil {
+			return fmt.Sprintf("%%!(%v)", err)
+		}
+		return string(b)
+	}
+	return ""
+}
+
+// defaultPolicy returns the policy of a command line without policy
+// flags.
+func defaultPolicy() policy {
+	var p policy
+	p.register(flag.NewFlagSet("policy", flag.ContinueOnError))
+	return p
 }
 
 // policyFromSettings returns the default policy with each name=value
@@ -130,195 +284,252 @@ func splitSettings(s string) []string {
 	return out
 }
 
-// stackConfig turns the switches into a stack configuration.
-func (p *policy) stackConfig() (stack.Config, error) {
-	var c stack.Config
-	var err error
-	c.Driver.MTU = p.mtu
-	if c.Driver.RQ, err = driver.ParseRQMode(p.rq); err != nil {
-		return c, err
+// finish returns the stack's configuration: the flags' cfg with the XDP
+// program and the tunnel, which depend on several flags, filled in.
+// Tunnel addresses not given stay invalid, for setupBenchTunnel to fill in
+// (ustack bench); stack.New rejects a tunnel without them.
+func (p *policy) finish() (stack.Config, error) {
+	c := p.cfg
+	if c.TCPMemLimit > 0 && c.TCPMemPressure > c.TCPMemLimit {
+		return c, fmt.Errorf("tcp-mem-pressure %d: want 0..-tcp-mem-limit", c.TCPMemPressure)
 	}
-	if c.Driver.RQDrop, err = choice("rq-full", p.rqFull, "stall", "drop"); err != nil {
-		return c, err
-	}
-	if c.Driver.BounceRead, err = choice("wire-read", p.wireRead, "direct", "bounce"); err != nil {
-		return c, err
-	}
-	if c.Driver.LRO, err = driver.ParseOnOff("lro", p.lro); err != nil {
-		return c, err
-	}
-	if c.Driver.HDS, err = driver.ParseHDS(p.hds); err != nil {
-		return c, err
-	}
-	gro, err := driver.ParseOnOff("gro", p.gro)
-	if err != nil {
-		return c, err
-	}
-	c.NoGRO = !gro
-	if p.hwGRO == "" {
-		p.hwGRO = "off"
-	}
-	if c.Driver.HWGRO, err = driver.ParseHWGRO(p.hwGRO); err != nil {
-		return c, err
-	}
-	if p.groFlush < 0 {
-		return c, fmt.Errorf("gro-flush-timeout %v: want >= 0", p.groFlush)
-	}
-	c.GROFlushTimeout = p.groFlush
-	c.Driver.Budget = p.budget
-	c.Driver.CoalesceBytes = p.coalesce
-	c.Driver.RingSize = p.ring
-	c.Driver.RQSize = p.rqSize
-	c.Pool.Order = p.order
-	switch p.pageSize {
-	case "4k":
-		c.Pool.PageSize = bufpool.PageSize4K
-	case "64k":
-		c.Pool.PageSize = bufpool.PageSize64K
-	default:
-		return c, fmt.Errorf("page-size %q: want 4k or 64k", p.pageSize)
-	}
-	recycle, err := driver.ParseOnOff("pool-recycle", p.recycle)
-	if err != nil {
-		return c, err
-	}
-	c.Pool.NoRecycle = !recycle
-	c.Driver.PagePerFrame = !recycle
-	c.Pool.Poison = p.poison
-	if p.poolMem < 0 || p.poolRing < 0 {
-		return c, fmt.Errorf("pool-mem and pool-ring: want >= 0")
-	}
-	c.Pool.MaxBytes = p.poolMem
-	if p.rmemMax < 0 {
-		return c, fmt.Errorf("tcp-rmem-max %d: want >= 0", p.rmemMax)
-	}
-	c.TCPReceiveBufferMax = p.rmemMax
-	c.Pool.RingSize = p.poolRing
-	switch p.zeroCopy {
-	case "", "off":
-	case "on", "views":
-		c.ZeroCopy = true
-	default:
-		return c, fmt.Errorf("zero-copy %q: want off, on or views", p.zeroCopy)
-	}
-	if c.Tunnel, err = p.tunnelConfig(); err != nil {
-		return c, err
-	}
-	if c.CPUMap, err = parseCPUs(p.cpumap); err != nil {
-		return c, fmt.Errorf("cpumap: %w", err)
+	if p.tunnel {
+		t := p.tun
+		t.Addrs = append([]netip.Prefix(nil), t.Addrs...)
+		c.Tunnel = &t
 	}
 	if p.xdp != "" {
+		var err error
 		if c.XDP, err = cpumap.ParseProgram(p.xdp, max(1, len(c.CPUMap))); err != nil {
 			return c, err
 		}
 	}
-	cpuGRO, err := driver.ParseOnOff("cpumap-gro", p.cpuGRO)
-	if err != nil {
-		return c, err
-	}
-	c.NoCPUMapGRO = !cpuGRO
-	if p.cpuQueue < 0 {
-		return c, fmt.Errorf("cpumap-qsize %d: want >= 0", p.cpuQueue)
-	}
-	c.CPUMapQueue = p.cpuQueue
-	if c.Driver.NICCPUs, err = parseCPUs(p.nicCPU); err != nil {
-		return c, fmt.Errorf("nic-cpu: %w", err)
-	}
-	if c.Driver.PollCPUs, err = parseCPUs(p.pollCPU); err != nil {
-		return c, fmt.Errorf("poll-cpu: %w", err)
-	}
-	if err := p.tcpMem.apply(&c); err != nil {
-		return c, err
-	}
 	return c, nil
 }
 
-// choice parses the value of a two-way switch: false for off (or empty),
-// true for on.
-func choice(name, value, off, on string) (bool, error) {
-	switch value {
-	case "", off:
-		return false, nil
-	case on:
-		return true, nil
-	}
-	return false, fmt.Errorf("%s %q: want %s or %s", name, value, off, on)
-}
-
-// String describes the policy in flag form.
+// String describes the policy in flag form: the summary switches, then
+// every other one that differs from its default.
 func (p *policy) String() string {
-	s := fmt.Sprintf("lro=%s hds=%s gro=%s rq=%s mtu=%d", p.lro, p.hds, p.gro, p.rq, p.mtu)
-	if p.hwGRO != "" && p.hwGRO != "off" {
-		s += " hw-gro=" + p.hwGRO
+	var b strings.Builder
+	add := func(e policySwitch) {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(e.name + "=" + e.value(p))
 	}
-	if p.zeroCopy != "" && p.zeroCopy != "off" {
-		s += " zero-copy=" + p.zeroCopy
+	for _, name := range []string{"lro", "hds", "gro", "rq", "mtu"} {
+		e, _ := policySwitchNamed(name)
+		add(e)
 	}
-	if p.coalesce != 0 {
-		s += fmt.Sprintf(" coalesce-bytes=%d", p.coalesce)
+	for _, e := range policies {
+		if !e.summary && e.value(p) != e.def {
+			add(e)
+		}
 	}
-	if p.wireRead == "bounce" {
-		s += " wire-read=bounce"
-	}
-	if p.rqSize != 0 {
-		s += fmt.Sprintf(" rq-size=%d", p.rqSize)
-	}
-	if p.rqFull == "drop" {
-		s += " rq-full=drop"
-	}
-	if p.rmemMax != 0 {
-		s += fmt.Sprintf(" tcp-rmem-max=%d", p.rmemMax)
-	}
-	if p.tunnelOn() {
-		s += " tunnel=" + p.tunnel
-	}
-	if p.xdp != "" {
-		s += fmt.Sprintf(" xdp=%s cpumap=%s cpumap-gro=%s", p.xdp, p.cpumap, p.cpuGRO)
-	}
-	if p.recycle == "off" || p.pageSize == "64k" || p.order != 0 {
-		s += fmt.Sprintf(" recycle=%s page=%s order=%d", p.recycle, p.pageSize, p.order)
-	}
-	return s
+	return b.String()
 }
 
-// tunnelOn reports whether -tunnel asks for a tunnel.
-func (p *policy) tunnelOn() bool { return p.tunnel == "ip6tnl" }
+// discardWith is discard with the servers' bounds.
+func (p *policy) discardWith(c serve.Config) func(net.Listener, *atomic.Uint64) error {
+	if p.views {
+		return c.DiscardViews
+	}
+	return c.Discard
+}
 
-// tunnelConfig turns the -tunnel flags into the stack's tunnel: nil with
-// -tunnel off. Addresses not given stay invalid, for setupBenchTunnel to
-// fill in (ustack bench); stack.New rejects a tunnel without them.
-func (p *policy) tunnelConfig() (*stack.TunnelConfig, error) {
-	switch p.tunnel {
-	case "", "off":
-		return nil, nil
-	case "ip6tnl":
+// The flag types of the policy table. Each binds a flag (flag.TextVar)
+// to a field of stack.Config, or of policy beside it; UnmarshalText
+// parses the flag's value, MarshalText returns its canonical form.
+
+// onOff is a bool as on or off (any case, as driver.ParseOnOff).
+type onOff bool
+
+func (b onOff) MarshalText() ([]byte, error) {
+	if b {
+		return []byte("on"), nil
+	}
+	return []byte("off"), nil
+}
+
+func (b *onOff) UnmarshalText(t []byte) error {
+	v, err := driver.ParseOnOff("value", string(t))
+	*b = onOff(v)
+	return err
+}
+
+// offOn is a negative bool (stack.Config.NoGRO, bufpool.Config.NoRecycle)
+// as its feature's on or off: "off" sets it.
+type offOn bool
+
+func (b offOn) MarshalText() ([]byte, error) { return onOff(!b).MarshalText() }
+
+func (b *offOn) UnmarshalText(t []byte) error {
+	var on onOff
+	err := on.UnmarshalText(t)
+	*b = offOn(!on)
+	return err
+}
+
+// choice is a bool as one of two words, off's (or empty) for false.
+type choice struct {
+	p       *bool
+	off, on string
+}
+
+func (c *choice) MarshalText() ([]byte, error) {
+	if *c.p {
+		return []byte(c.on), nil
+	}
+	return []byte(c.off), nil
+}
+
+func (c *choice) UnmarshalText(t []byte) error {
+	switch string(t) {
+	case "", c.off:
+		*c.p = false
+	case c.on:
+		*c.p = true
 	default:
-		return nil, fmt.Errorf("tunnel %q: want off or ip6tnl", p.tunnel)
+		return fmt.Errorf("want %s or %s", c.off, c.on)
 	}
-	t := &stack.TunnelConfig{Addrs: p.tunnelAddrs}
-	for _, a := range []struct {
-		name, v string
-		dst     *netip.Addr
-	}{{"tunnel-local", p.tunnelLocal, &t.Local}, {"tunnel-remote", p.tunnelRemote, &t.Remote}, {"tunnel-remote4", p.tunnelRemote4, &t.Remote4}} {
-		if a.v == "" {
-			continue
-		}
-		addr, err := netip.ParseAddr(a.v)
-		if err != nil || !addr.Is6() || addr.Is4In6() {
-			return nil, fmt.Errorf("-%s %q: want an IPv6 address", a.name, a.v)
-		}
-		*a.dst = addr
-	}
-	return t, nil
+	return nil
 }
 
-// discard returns the TCP discard server the policy's reader uses: Read,
-// or ReadViews with -zero-copy views.
-func (p *policy) discard() func(net.Listener, *atomic.Uint64) error {
-	if p.zeroCopy == "views" {
-		return serve.DiscardViews
+// number is an integer; with nonNeg, one >= 0 (the fields the command
+// checks; the driver and the pool check theirs).
+type number[T int | int64] struct {
+	p      *T
+	nonNeg bool
+}
+
+func (n *number[T]) MarshalText() ([]byte, error) {
+	return []byte(strconv.FormatInt(int64(*n.p), 10)), nil
+}
+
+func (n *number[T]) UnmarshalText(t []byte) error {
+	v, err := strconv.ParseInt(string(t), 0, 64)
+	switch {
+	case err != nil || int64(T(v)) != v:
+		return errors.New("want an integer")
+	case n.nonNeg && v < 0:
+		return errors.New("want an integer >= 0")
 	}
-	return serve.Discard
+	*n.p = T(v)
+	return nil
+}
+
+// duration is a time.Duration of at least 0.
+type duration struct{ p *time.Duration }
+
+func (d *duration) MarshalText() ([]byte, error) { return []byte(d.p.String()), nil }
+
+func (d *duration) UnmarshalText(t []byte) error {
+	v, err := time.ParseDuration(string(t))
+	if err != nil || v < 0 {
+		return errors.New("want a duration >= 0")
+	}
+	*d.p = v
+	return nil
+}
+
+// pageSize is bufpool.Config.PageSize as 4k or 64k.
+type pageSize int
+
+func (s pageSize) MarshalText() ([]byte, error) {
+	switch s {
+	case 0, bufpool.PageSize4K:
+		return []byte("4k"), nil
+	case bufpool.PageSize64K:
+		return []byte("64k"), nil
+	}
+	return []byte(strconv.Itoa(int(s))), nil
+}
+
+func (s *pageSize) UnmarshalText(t []byte) error {
+	switch string(t) {
+	case "4k":
+		*s = bufpool.PageSize4K
+	case "64k":
+		*s = bufpool.PageSize64K
+	default:
+		return errors.New("want 4k or 64k")
+	}
+	return nil
+}
+
+// zeroCopy is -zero-copy: off, on (stack.Config.ZeroCopy), or views
+// (ZeroCopy, and the discard server reads with ReadViews).
+type zeroCopy struct{ on, views *bool }
+
+func (z *zeroCopy) MarshalText() ([]byte, error) {
+	switch {
+	case *z.views:
+		return []byte("views"), nil
+	case *z.on:
+		return []byte("on"), nil
+	}
+	return []byte("off"), nil
+}
+
+func (z *zeroCopy) UnmarshalText(t []byte) error {
+	switch string(t) {
+	case "", "off":
+		*z.on, *z.views = false, false
+	case "on":
+		*z.on, *z.views = true, false
+	case "views":
+		*z.on, *z.views = true, true
+	default:
+		return errors.New("want off, on or views")
+	}
+	return nil
+}
+
+// ip6Addr is an IPv6 address (not IPv4-mapped), or empty for none.
+type ip6Addr netip.Addr
+
+func (a ip6Addr) MarshalText() ([]byte, error) { return netip.Addr(a).MarshalText() }
+
+func (a *ip6Addr) UnmarshalText(t []byte) error {
+	if len(t) == 0 {
+		*a = ip6Addr{}
+		return nil
+	}
+	v, err := netip.ParseAddr(string(t))
+	if err != nil || !v.Is6() || v.Is4In6() {
+		return errors.New("want an IPv6 address")
+	}
+	*a = ip6Addr(v)
+	return nil
+}
+
+// text is a string taken as it is.
+type text string
+
+func (s text) MarshalText() ([]byte, error) { return []byte(s), nil }
+func (s *text) UnmarshalText(t []byte) error {
+	*s = text(t)
+	return nil
+}
+
+// cpuList is a comma-separated list of CPU numbers; empty for none.
+type cpuList []int
+
+func (l cpuList) MarshalText() ([]byte, error) {
+	var b []byte
+	for i, n := range l {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	return b, nil
+}
+
+func (l *cpuList) UnmarshalText(t []byte) error {
+	v, err := parseCPUs(string(t))
+	*l = v
+	return err
 }
 
 func parseCPUs(s string) ([]int, error) {
@@ -336,10 +547,14 @@ func parseCPUs(s string) ([]int, error) {
 	return out, nil
 }
 
-// prefixList is a repeatable -addr flag.
+// prefixList is a repeatable address flag (-addr, -tunnel-addr): each Set
+// adds one; as text, a comma-separated list that UnmarshalText adds.
 type prefixList []netip.Prefix
 
-func (l *prefixList) String() string { return fmt.Sprint(*l) }
+func (l *prefixList) String() string {
+	b, _ := l.MarshalText()
+	return string(b)
+}
 
 func (l *prefixList) Set(s string) error {
 	p, err := netip.ParsePrefix(s)
@@ -347,6 +562,29 @@ func (l *prefixList) Set(s string) error {
 		return fmt.Errorf("address %q: want CIDR like 10.0.0.2/24", s)
 	}
 	*l = append(*l, p)
+	return nil
+}
+
+func (l prefixList) MarshalText() ([]byte, error) {
+	var b []byte
+	for i, p := range l {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = p.AppendTo(b)
+	}
+	return b, nil
+}
+
+func (l *prefixList) UnmarshalText(t []byte) error {
+	if len(t) == 0 {
+		return nil
+	}
+	for _, f := range strings.Split(string(t), ",") {
+		if err := l.Set(strings.TrimSpace(f)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -394,32 +632,4 @@ func (f *serverFlags) config() (serve.Config, serve.IPerf3Config, error) {
 		ic.MaxRate = -1
 	}
 	return sc, ic, nil
-}
-
-// discardWith is discard with the servers' bounds.
-func (p *policy) discardWith(c serve.Config) func(net.Listener, *atomic.Uint64) error {
-	if p.zeroCopy == "views" {
-		return c.DiscardViews
-	}
-	return c.Discard
-}
-
-// tcpMemFlags bound the stack's TCP receive memory, as Linux's tcp_mem:
-// see stack.Config.TCPMemLimit.
-type tcpMemFlags struct {
-	limit, pressure int64
-}
-
-func (f *tcpMemFlags) register(fs *flag.FlagSet) {
-	fs.Int64Var(&f.limit, "tcp-mem-limit", 0, fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all, tcp_mem's high: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: %d, negative: no bound)", stack.TCPMemFloor, stack.DefaultTCPMemLimit))
-	fs.Int64Var(&f.pressure, "tcp-mem-pressure", 0, "bytes committed at which memory pressure begins, tcp_mem's pressure: auto-tuning stops at a fair share of -tcp-mem-limit and larger buffers are shrunk to it; it ends below half of this (0: 3/4 of -tcp-mem-limit)")
-}
-
-// apply sets c's TCP memory bounds from the flags.
-func (f *tcpMemFlags) apply(c *stack.Config) error {
-	if f.pressure < 0 || f.limit > 0 && f.pressure > f.limit {
-		return fmt.Errorf("tcp-mem-pressure %d: want 0..-tcp-mem-limit", f.pressure)
-	}
-	c.TCPMemLimit, c.TCPMemPressure = f.limit, f.pressure
-	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,65 +26,144 @@ import (
 	"github.com/ustack/ustack/stack/serve"
 )
 
+// runCmd is `ustack run`: parse, build, serve, wait; one cleanup, the
+// runner's, undoes whatever was built on every path.
 func runCmd(args []string) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	var (
-		pol     policy
-		addrs   prefixList
-		tap     = fs.String("tap", "", "TAP device to attach to (created if it does not exist)")
-		discard = fs.String("discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
-		echo    = fs.String("echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
-		iperf3  = fs.String("iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
-		stats   = fs.Duration("stats", 0, "print counters every DURATION (0: only at exit)")
-		pcap    = fs.String("pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
-		pcapW   = fs.String("pcap-wire", "", "write the frames as read from the TAP to this pcap file")
-		metrics = fs.String("metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)")
-	)
-	pol.register(fs)
-	var srvFlags serverFlags
-	srvFlags.register(fs)
-	fs.Var(&addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
-	if err := parseFlags(fs, args); err != nil {
+	o, err := parseRun(args)
+	if err != nil {
 		return err
 	}
-	if *tap == "" {
-		return usageError{errors.New("-tap is required")}
-	}
-	if len(addrs) == 0 {
-		return usageError{errors.New("-addr is required")}
-	}
-	if *stats < 0 {
-		return usageError{fmt.Errorf("-stats %v: want a positive duration", *stats)}
-	}
-	cfg, err := pol.stackConfig()
-	if err != nil {
-		return usageError{err}
-	}
-	srvCfg, iperf3Cfg, err := srvFlags.config()
-	if err != nil {
-		return usageError{err}
-	}
-	// One Stats for every server: their counters, printed after the
-	// stack's.
-	var srvStats serve.Stats
-	srvCfg.Stats, iperf3Cfg.Stats = &srvStats, &srvStats
-	dport, err := parseServe("discard", *discard, addrs)
-	if err != nil {
-		return usageError{err}
-	}
-	eport, err := parseServe("echo", *echo, addrs)
-	if err != nil {
-		return usageError{err}
-	}
-	iport, err := parseServe("iperf3", *iperf3, addrs)
-	if err != nil {
-		return usageError{err}
-	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	return newRunner(o, os.Stdout, os.Stderr).run(openTAP, sig)
+}
 
+// run builds the stack on the wire open returns, serves and waits for a
+// signal on sig; whatever it built is undone when it returns, on every
+// path.
+func (r *runner) run(open func(tap string) (driver.Wire, error), sig <-chan os.Signal) error {
+	defer r.shutdown()
+	if err := r.build(open); err != nil {
+		return err
+	}
+	if err := r.serve(); err != nil {
+		return err
+	}
+	return r.wait(sig)
+}
+
+// runOptions is run's command line, checked.
+type runOptions struct {
+	pol                   policy
+	cfg                   stack.Config // pol's, finished
+	tap                   string
+	addrs                 prefixList
+	discard, echo, iperf3 netip.AddrPort // invalid: not served
+	stats                 time.Duration
+	pcap, pcapWire        string
+	metrics               string
+	srvCfg                serve.Config
+	iperf3Cfg             serve.IPerf3Config
+}
+
+// parseRun parses and checks run's flags; every error is a usage error.
+func parseRun(args []string) (*runOptions, error) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	o := &runOptions{}
+	var discard, echo, iperf3 string
+	fs.StringVar(&o.tap, "tap", "", "TAP device to attach to (created if it does not exist)")
+	fs.StringVar(&discard, "discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
+	fs.StringVar(&echo, "echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
+	fs.StringVar(&iperf3, "iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
+	fs.DurationVar(&o.stats, "stats", 0, "print counters every DURATION (0: only at exit)")
+	fs.StringVar(&o.pcap, "pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
+	fs.StringVar(&o.pcapWire, "pcap-wire", "", "write the frames as read from the TAP to this pcap file")
+	fs.StringVar(&o.metrics, "metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)")
+	o.pol.register(fs)
+	var srvFlags serverFlags
+	srvFlags.register(fs)
+	fs.Var(&o.addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if o.tap == "" {
+		return nil, usageError{errors.New("-tap is required")}
+	}
+	if len(o.addrs) == 0 {
+		return nil, usageError{errors.New("-addr is required")}
+	}
+	if o.stats < 0 {
+		return nil, usageError{fmt.Errorf("-stats %v: want a positive duration", o.stats)}
+	}
+	var err error
+	if o.cfg, err = o.pol.finish(); err != nil {
+		return nil, usageError{err}
+	}
+	if o.srvCfg, o.iperf3Cfg, err = srvFlags.config(); err != nil {
+		return nil, usageError{err}
+	}
+	for _, sv := range []struct {
+		name, v string
+		dst     *netip.AddrPort
+	}{{"discard", discard, &o.discard}, {"echo", echo, &o.echo}, {"iperf3", iperf3, &o.iperf3}} {
+		if *sv.dst, err = parseServe(sv.name, sv.v, o.addrs); err != nil {
+			return nil, usageError{err}
+		}
+	}
+	return o, nil
+}
+
+// openTAP opens run's TAP.
+func openTAP(name string) (driver.Wire, error) {
+	return driver.OpenTAP(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true})
+}
+
+// runner is a running `ustack run`: its stack, servers and the cleanup
+// that undoes them.
+type runner struct {
+	o              *runOptions
+	stdout, stderr io.Writer
+	s              *stack.Stack
+	srvStats       serve.Stats // every server's: printed after the stack's counters
+	counters       func(func(name string, v uint64))
+	wg             sync.WaitGroup // the servers' goroutines
+	live           atomic.Int32   // of them, those running
+	// cleanups undo what build and serve did; shutdown runs them last
+	// first: the servers' listeners, then the stack (and the wait for the
+	// servers' goroutines), then the pcap files.
+	cleanups []func()
+	closeErr error // the stack's Close
+}
+
+func newRunner(o *runOptions, stdout, stderr io.Writer) *runner {
+	return &runner{o: o, stdout: stdout, stderr: stderr}
+}
+
+// onShutdown adds f to the cleanups.
+func (r *runner) onShutdown(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// shutdown runs the cleanups, last first; a second call does nothing.
+func (r *runner) shutdown() {
+	for len(r.cleanups) > 0 {
+		f := r.cleanups[len(r.cleanups)-1]
+		r.cleanups = r.cleanups[:len(r.cleanups)-1]
+		f()
+	}
+}
+
+// logf prints one error line on stderr.
+func (r *runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.stderr, "ustack run: "+format+"\n", args...)
+}
+
+// build opens the pcap files and the wire and starts the stack on it.
+func (r *runner) build(open func(tap string) (driver.Wire, error)) error {
+	cfg := r.o.cfg
 	for _, p := range []struct {
 		path string
 		dst  **stack.PcapWriter
-	}{{*pcap, &cfg.Pcap}, {*pcapW, &cfg.PcapWire}} {
+	}{{r.o.pcap, &cfg.Pcap}, {r.o.pcapWire, &cfg.PcapWire}} {
 		if p.path == "" {
 			continue
 		}
@@ -92,110 +172,116 @@ func runCmd(args []string) error {
 			return usageError{err}
 		}
 		*p.dst = w
-		defer func() {
+		r.onShutdown(func() {
 			if err := w.Close(); err != nil {
-				fmt.Fprintf(os.Stderr, "ustack run: %v\n", err)
+				r.logf("%v", err)
 			}
-		}()
+		})
 	}
-	w, err := driver.OpenTAP(driver.TAPConfig{Name: *tap, VnetHdr: true, Offloads: true})
+	w, err := open(r.o.tap)
 	if err != nil {
 		return usageError{err} // a missing TAP or no permission: say so, exit 2
 	}
 	cfg.Wire = w
-	cfg.Addrs = addrs
-	s, err := stack.New(cfg)
-	if err != nil {
+	cfg.Addrs = r.o.addrs
+	if r.s, err = stack.New(cfg); err != nil {
 		return err
 	}
-	counters := allCounters(s, &srvStats)
-	if strings.HasPrefix(pol.xdp, "xsk:") {
-		stopXSK, err := drainXSK(s, w)
+	r.onShutdown(func() {
+		r.closeErr = r.s.Close()
+		r.wg.Wait()
+	})
+	r.counters = allCounters(r.s, &r.srvStats)
+	if strings.HasPrefix(r.o.pol.xdp, "xsk:") {
+		stopXSK, err := drainXSK(r.s, w)
 		if err != nil {
-			s.Close()
 			return err
 		}
-		defer stopXSK()
+		r.onShutdown(stopXSK)
 	}
-	var closers []io.Closer
-	var wg sync.WaitGroup
-	start := func(fn func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(); err != nil {
-				fmt.Fprintf(os.Stderr, "ustack run: %v\n", err)
-			}
-		}()
-	}
+	return nil
+}
+
+// start runs fn in a server goroutine, printing its error.
+func (r *runner) start(fn func() error) {
+	r.wg.Add(1)
+	r.live.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer r.live.Add(-1)
+		if err := fn(); err != nil {
+			r.logf("%v", err)
+		}
+	}()
+}
+
+// serve starts the servers the flags ask for and prints the startup line.
+func (r *runner) serve() error {
+	o := r.o
+	srvCfg, iperf3Cfg := o.srvCfg, o.iperf3Cfg
+	srvCfg.Stats, iperf3Cfg.Stats = &r.srvStats, &r.srvStats
 	for _, sv := range []struct {
 		ap   netip.AddrPort
 		echo bool
-	}{{dport, false}, {eport, true}} {
+	}{{o.discard, false}, {o.echo, true}} {
 		if !sv.ap.IsValid() {
 			continue
 		}
-		l, err := s.ListenTCP(sv.ap)
+		l, err := r.s.ListenTCP(sv.ap)
 		if err != nil {
-			s.Close()
 			return err
 		}
-		u, err := s.ListenUDP(sv.ap)
+		r.onShutdown(func() { l.Close() })
+		u, err := r.s.ListenUDP(sv.ap)
 		if err != nil {
-			l.Close()
-			s.Close()
 			return err
 		}
-		closers = append(closers, l, u)
+		r.onShutdown(func() { u.Close() })
 		if sv.echo {
-			start(func() error { return srvCfg.Echo(l) })
-			start(func() error { return serve.UDPEcho(u) })
+			r.start(func() error { return srvCfg.Echo(l) })
+			r.start(func() error { return serve.UDPEcho(u) })
 		} else {
-			start(func() error { return pol.discardWith(srvCfg)(l, nil) })
-			start(func() error { return serve.UDPDiscard(u, nil, nil) })
+			r.start(func() error { return o.pol.discardWith(srvCfg)(l, nil) })
+			r.start(func() error { return serve.UDPDiscard(u, nil, nil) })
 		}
 	}
-	if iport.IsValid() {
-		iperf3Cfg.OnTest = logIPerf3
-		srv, err := serve.ListenIPerf3(s, iport, iperf3Cfg)
+	if o.iperf3.IsValid() {
+		iperf3Cfg.OnTest = func(res serve.IPerf3Result) { logIPerf3(r.stderr, res) }
+		srv, err := serve.ListenIPerf3(r.s, o.iperf3, iperf3Cfg)
 		if err != nil {
-			for _, c := range closers {
-				c.Close()
-			}
-			s.Close()
-			wg.Wait()
 			return err
 		}
-		closers = append(closers, srv)
-		start(srv.Serve)
+		r.onShutdown(func() { srv.Close() })
+		r.start(srv.Serve)
 	}
-	if *metrics != "" {
-		ml, err := net.Listen("tcp", *metrics)
+	if o.metrics != "" {
+		ml, err := net.Listen("tcp", o.metrics)
 		if err != nil {
-			s.Close()
-			return usageError{fmt.Errorf("-metrics %q: %w", *metrics, err)}
+			return usageError{fmt.Errorf("-metrics %q: %w", o.metrics, err)}
 		}
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(newCollector(counters))
+		reg.MustRegister(newCollector(r.counters))
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		closers = append(closers, srv)
-		start(func() error {
+		r.onShutdown(func() { srv.Close() })
+		r.start(func() error {
 			if err := srv.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
 		})
 	}
-	fmt.Fprintf(os.Stderr, "ustack: on %s as %v, %s (mac %s)\n", *tap, addrs, pol.String(), net.HardwareAddr(stack.DefaultMAC[:]))
+	fmt.Fprintf(r.stderr, "ustack: on %s as %v, %s (mac %s)\n", o.tap, o.addrs, o.pol.String(), net.HardwareAddr(stack.DefaultMAC[:]))
+	return nil
+}
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sig)
+// wait prints the counters every -stats until a signal on sig or the end
+// of the stack's receive, then shuts down and prints the final counters.
+func (r *runner) wait(sig <-chan os.Signal) error {
 	var tick <-chan time.Time
-	if *stats > 0 {
-		t := time.NewTicker(*stats)
+	if r.o.stats > 0 {
+		t := time.NewTicker(r.o.stats)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -203,27 +289,24 @@ func runCmd(args []string) error {
 	for done := false; !done; {
 		select {
 		case <-tick:
-			printCounters(os.Stdout, counters)
+			printCounters(r.stdout, r.counters)
 		case <-sig:
 			done = true
-		case <-s.Done():
+		case <-r.s.Done():
 			done = true
-			if rxErr = s.Err(); rxErr == nil {
+			if rxErr = r.s.Err(); rxErr == nil {
 				rxErr = errors.New("the TAP was closed")
 			}
 		}
 	}
-	// Stop the servers first so that the final counters are final.
-	for _, c := range closers {
-		c.Close()
-	}
-	err = s.Close()
-	wg.Wait()
-	printCounters(os.Stdout, counters)
+	// The servers stop first (their cleanups are the last added), so that
+	// the final counters are final.
+	r.shutdown()
+	printCounters(r.stdout, r.counters)
 	if rxErr != nil {
 		return fmt.Errorf("receive stopped: %w", rxErr)
 	}
-	return err
+	return r.closeErr
 }
 
 // parseServe parses [ADDR]:PORT for a server flag. An empty host serves on
@@ -257,10 +340,10 @@ func parseServe(name, v string, addrs []netip.Prefix) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(any, uint16(p)), nil
 }
 
-// logIPerf3 prints one line on stderr for every iperf3 test served.
-func logIPerf3(r serve.IPerf3Result) {
+// logIPerf3 prints one line on w (stderr) for every iperf3 test served.
+func logIPerf3(w io.Writer, r serve.IPerf3Result) {
 	if r.Protocol == "" {
-		fmt.Fprintf(os.Stderr, "ustack: iperf3 connection from %s ended before a test: %v\n", r.Client, r.Err)
+		fmt.Fprintf(w, "ustack: iperf3 connection from %s ended before a test: %v\n", r.Client, r.Err)
 		return
 	}
 	dir := "received"
@@ -284,7 +367,7 @@ func logIPerf3(r serve.IPerf3Result) {
 	if r.Err != nil {
 		line += fmt.Sprintf(", ended: %v", r.Err)
 	}
-	fmt.Fprintln(os.Stderr, line)
+	fmt.Fprintln(w, line)
 }
 
 // allCounters enumerates run's counters: the stack's, then its servers'.

@@ -9,7 +9,7 @@ func TestPolicyTCPMem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := p.stackConfig()
+	c, err := p.finish()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -17,7 +17,7 @@ func TestPolicyTCPMem(t *testing.T) {
 		t.Errorf("got TCPMemLimit %d, TCPMemPressure %d, want %d, %d", c.TCPMemLimit, c.TCPMemPressure, 8<<20, 4<<20)
 	}
 	base := basePolicy(1500)
-	def, err := base.stackConfig()
+	def, err := base.finish()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestPolicyTCPMem(t *testing.T) {
 	for _, bad := range [][]string{{"tcp-mem-pressure=-1"}, {"tcp-mem-limit=1048576", "tcp-mem-pressure=2097152"}} {
 		p, err := policyFromSettings(bad)
 		if err == nil {
-			_, err = p.stackConfig()
+			_, err = p.finish()
 		}
 		if err == nil {
 			t.Errorf("%q: no error", bad)
