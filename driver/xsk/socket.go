@@ -7,6 +7,8 @@ import (
 	"math/bits"
 	"sync"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // Wire is where a Socket writes its packets: each Write carries a
@@ -18,9 +20,9 @@ type Wire interface {
 }
 
 // vnetHdrLen is the length of struct virtio_net_hdr without num_buffers,
-// the header driver.Wire frames start with (driver.VirtioNetHdrLen; the
-// test pins the two together).
-const vnetHdrLen = 10
+// the header driver.Wire frames start with: gVisor's
+// header.VirtioNetHeaderSize, as driver.VirtioNetHdrLen is.
+const vnetHdrLen = header.VirtioNetHeaderSize
 
 // virtio-net header fields the socket sets (include/uapi/linux/virtio_net.h).
 const (
