@@ -65,9 +65,21 @@ func newTestDriver(t testing.TB, cfg Config, h Handler) (*Driver, *MemWire) {
 // (each queue preallocates depth super-frames).
 func newTestDriverDepth(t testing.TB, cfg Config, h Handler, depth int) (*Driver, *MemWire) {
 	t.Helper()
-	a, b := NewMemPair(depth, VirtioNetHdrLen+maxLROFrame)
 	_, bench := t.(*testing.B)
-	pool, err := bufpool.New(bufpool.Config{Poison: !bench, RingSize: 1 << 16})
+	return startTestDriver(t, cfg, bufpool.Config{Poison: !bench}, h, depth)
+}
+
+// startTestDriver starts a driver for cfg with a page pool of pc (a ring of
+// 65536 pages unless pc says otherwise) on one end of an in-memory wire
+// that queues depth frames, and returns the other end. At Cleanup, Close
+// must return within 30 s and leave no page in use.
+func startTestDriver(t testing.TB, cfg Config, pc bufpool.Config, h Handler, depth int) (*Driver, *MemWire) {
+	t.Helper()
+	a, b := NewMemPair(depth, VirtioNetHdrLen+maxLROFrame)
+	if pc.RingSize == 0 {
+		pc.RingSize = 1 << 16
+	}
+	pool, err := bufpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +91,7 @@ func newTestDriverDepth(t testing.TB, cfg Config, h Handler, depth int) (*Driver
 	}
 	d.Start(h)
 	t.Cleanup(func() {
-		d.Close()
+		closeWithin(t, d)
 		b.Close()
 		if n := pool.InUse(); n != 0 {
 			t.Errorf("pages in use after Close: got %d, want 0", n)

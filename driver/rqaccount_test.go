@@ -14,7 +14,7 @@ import (
 
 // closeWithin closes d and fails the test if Close has not returned within
 // 30 s (a NIC model stuck in a wait never closes nicDone).
-func closeWithin(t *testing.T, d *Driver) {
+func closeWithin(t testing.TB, d *Driver) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -31,34 +31,11 @@ func closeWithin(t *testing.T, d *Driver) {
 }
 
 // newPoolDriver is newTestDriver with a page pool of pc (Poison set) and a
-// Close that must return: the driver is closed by closeWithin at Cleanup
-// unless the test did it.
+// wire that queues 4096 frames; Cleanup's Close must return within 30 s.
 func newPoolDriver(t *testing.T, cfg Config, pc bufpool.Config, h Handler) (*Driver, *MemWire) {
 	t.Helper()
-	a, b := NewMemPair(4096, VirtioNetHdrLen+maxLROFrame)
 	pc.Poison = true
-	if pc.RingSize == 0 {
-		pc.RingSize = 1 << 16
-	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	copy(cfg.MAC[:], pkDstMAC)
-	cfg.Pool = pool
-	d, err := New(a, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Start(h)
-	t.Cleanup(func() {
-		closeWithin(t, d)
-		b.Close()
-		if n := pool.InUse(); n != 0 {
-			t.Errorf("pages in use after Close: got %d, want 0", n)
-		}
-	})
-	return d, b
+	return startTestDriver(t, cfg, pc, h, 4096)
 }
 
 // flowFrames returns n super-frames of one TCP flow (source port sport),
