@@ -7,8 +7,9 @@ import (
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/gro"
@@ -24,8 +25,8 @@ type linkEndpoint struct {
 	addr tcpip.LinkAddress
 
 	mu         sync.RWMutex
-	dispatcher stack.NetworkDispatcher // +checklocks:mu
-	onClose    func()                  // +checklocks:mu
+	dispatcher gstack.NetworkDispatcher // +checklocks:mu
+	onClose    func()                   // +checklocks:mu
 
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
@@ -63,26 +64,88 @@ type linkEndpoint struct {
 	mem tcpMemGate
 }
 
-var _ stack.LinkEndpoint = (*linkEndpoint)(nil)
-var _ stack.GSOEndpoint = (*linkEndpoint)(nil)
+var _ gstack.LinkEndpoint = (*linkEndpoint)(nil)
+var _ gstack.GSOEndpoint = (*linkEndpoint)(nil)
 var _ driver.Handler = (*linkEndpoint)(nil)
 
 func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkEndpoint {
 	return &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
 }
 
-// Deliver takes one received packet from the poll loop: into the GRO
-// engine when there is one, else straight to gVisor. Called by the poll
-// loop only.
+// Deliver is the receive pipeline: the poll loop hands it each frame the
+// NIC model accepted (driver.Handler), and the call owns it. Before
+// Deliver the driver has parsed the frame, verified its checksums, laid it
+// out (LRO, header split), decapsulated it if it came through the tunnel
+// (Config.Tunnel) and recorded it as read (Config.PcapWire). The stages,
+// in order, each with the switch that controls it; a stage that ends the
+// packet's way owns it from then on (it releases or queues it), one that
+// is read only never does:
+//
+//  1. XDP (Config.XDP; runXDP, xdp.go), as the kernel's do_xdp_generic:
+//     the program's verdict drops the frame, sends it back out (XDP_TX),
+//     redirects it to a cpumap worker (Config.CPUMap), which runs stages 2
+//     to 10 on its CPU as cpu_map_kthread_run does, with a GRO engine of
+//     its own unless Config.NoCPUMapGRO, or copies it into the AF_XDP
+//     socket bound by Stack.BindXSK (toXSK, xsk.go). XDP_PASS goes on.
+//  2. GRO (on unless Config.NoGRO; Config.GROFlushTimeout), as
+//     napi_gro_receive: package gro holds the packet to merge with its
+//     flow's next segments (TCP segments; UDP datagrams into trains) and
+//     hands each packet it lets go, merged or not, to groSink, at once or
+//     at Flush. Stages 3 to 10 are toGVisor, for each such packet (every
+//     packet without GRO).
+//  3. Page statistics (always; pageStats.count, pages.go), read only:
+//     rx_pkt_pages_*.
+//  4. UDP trains (Stack.ListenUDPTrains; trainTable.deliver, train.go): a
+//     UDP packet for a port a TrainConn has bound is queued to it whole,
+//     its payload left in the RX pages, as udp_queue_rcv_skb queues a GRO
+//     train for a socket with UDP_GRO. Not recorded by pcap.
+//  5. Zero-window ACKs (always; zeroWindow.ackFirst, zerowindow.go): a TCP
+//     segment that gVisor would reject at ustack's closed window and
+//     Linux's tcp_sequence would take is preceded by a pure ACK built from
+//     it; the segment goes on.
+//  6. The TCP memory hard limit (Config.TCPMemLimit; tcpMemRefuse,
+//     tcpmem_governor.go): a data segment of a flow refused memory is
+//     counted and dropped, its ACK delivered alone, as tcp_data_queue
+//     drops past tcp_mem[2].
+//  7. UDP split (always; splitUDP, udpsplit.go): a UDP train that no
+//     TrainConn took goes to gVisor as its datagrams, payload copied once,
+//     as udp_rcv_segment splits one for a socket without UDP_GRO.
+//  8. Copy or lend (Config.ZeroCopy; toGVisor's copy, or lendToGVisor
+//     with lendAfter in zerocopy.go): the headers become a view of their
+//     own, and the payload is copied once into a gVisor view, or lent to
+//     gVisor as views of its RX pages. The packet is released either way.
+//  9. Pcap (Config.Pcap; PcapWriter, pcap.go), read only: the frame as
+//     gVisor gets it, recorded by stage 7 (the train once, whole) or 8.
+//  10. Dispatch (Config.Tunnel; dispatch, and tunnelEndpoint.deliver in
+//     tunnel.go): a frame for one of the tunnel's inner addresses goes to
+//     the tunnel's gVisor NIC, any other to the wire's, as
+//     netif_receive_skb hands a packet to its device's ip_rcv or ipv6_rcv.
+//
+// Deliver is called by the poll loop only; stages 2 to 10 also run on the
+// cpumap workers.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 	if e.xdp != nil && e.runXDP(pkt) {
-		return
+		return // stage 1: consumed by the XDP program
 	}
 	if e.gro != nil {
-		e.gro.Receive(pkt, e.nowNS())
+		e.gro.Receive(pkt, e.nowNS()) // stage 2: out through groSink
 		return
 	}
 	e.toGVisor(pkt)
+}
+
+// groSink hands the GRO engines' output to toGVisor (Deliver's stage 2 to
+// 3).
+type groSink linkEndpoint
+
+func (s *groSink) Deliver(p *bufpool.Packet) { (*linkEndpoint)(s).toGVisor(p) }
+
+// nowNS returns the poll batch's clock, read once per batch.
+func (e *linkEndpoint) nowNS() int64 {
+	if e.now == 0 {
+		e.now = time.Since(e.epoch).Nanoseconds() + 1
+	}
+	return e.now
 }
 
 // toGVisor hands a packet to gVisor and releases it: the linear part
@@ -91,6 +154,7 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 // packets chained by GRO's slow path) is copied once into a second view,
 // and the RX pages go back to the pool at once. With zero copy, the payload
 // frags are lent to gVisor as views of their pages instead (zerocopy.go).
+// It is Deliver's stages 3 to 10 (see there) and takes pkt.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	e.pages.count(pkt)
 	if e.trains.deliver(pkt) {
@@ -144,7 +208,8 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
 }
 
 // dispatch delivers one frame, owned by the call, to gVisor: to the
-// tunnel's NIC if it is for one of its addresses, else to the wire's.
+// tunnel's NIC if it is for one of its addresses, else to the wire's
+// (Deliver's stage 10).
 func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 	if e.tunnel != nil && e.tunnel.deliver(&buf) {
 		return
@@ -156,7 +221,7 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 		buf.Release()
 		return
 	}
-	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
+	pb := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buf})
 	defer pb.DecRef()
 	hdr, ok := pb.LinkHeader().Consume(header.EthernetMinimumSize)
 	if !ok {
@@ -213,58 +278,58 @@ func (e *linkEndpoint) Flush(more bool) time.Duration {
 // work: one tick of a HZ=1000 kernel.
 const jiffy = time.Millisecond
 
-// MTU implements stack.LinkEndpoint.
+// MTU implements gstack.LinkEndpoint.
 func (e *linkEndpoint) MTU() uint32 { return e.mtu }
 
-// SetMTU implements stack.LinkEndpoint. The MTU is fixed by the driver.
+// SetMTU implements gstack.LinkEndpoint. The MTU is fixed by the driver.
 func (e *linkEndpoint) SetMTU(uint32) {}
 
-// MaxHeaderLength implements stack.LinkEndpoint.
+// MaxHeaderLength implements gstack.LinkEndpoint.
 func (e *linkEndpoint) MaxHeaderLength() uint16 { return header.EthernetMinimumSize }
 
-// LinkAddress implements stack.LinkEndpoint.
+// LinkAddress implements gstack.LinkEndpoint.
 func (e *linkEndpoint) LinkAddress() tcpip.LinkAddress { return e.addr }
 
-// SetLinkAddress implements stack.LinkEndpoint. The address is fixed: the
+// SetLinkAddress implements gstack.LinkEndpoint. The address is fixed: the
 // NIC model filters on it.
 func (e *linkEndpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
-// Capabilities implements stack.LinkEndpoint. Receive checksums are the NIC
+// Capabilities implements gstack.LinkEndpoint. Receive checksums are the NIC
 // model's job (it verifies what the wire does not vouch for); transmit
 // checksums of TCP are left to the kernel through NEEDS_CSUM via host GSO.
-func (e *linkEndpoint) Capabilities() stack.LinkEndpointCapabilities {
-	return stack.CapabilityRXChecksumOffload | stack.CapabilityResolutionRequired
+func (e *linkEndpoint) Capabilities() gstack.LinkEndpointCapabilities {
+	return gstack.CapabilityRXChecksumOffload | gstack.CapabilityResolutionRequired
 }
 
-// GSOMaxSize implements stack.GSOEndpoint.
+// GSOMaxSize implements gstack.GSOEndpoint.
 func (e *linkEndpoint) GSOMaxSize() uint32 { return 1 << 16 }
 
-// SupportedGSO implements stack.GSOEndpoint: the kernel behind the TAP
+// SupportedGSO implements gstack.GSOEndpoint: the kernel behind the TAP
 // segments (TSO) and completes checksums for us.
-func (e *linkEndpoint) SupportedGSO() stack.SupportedGSO { return stack.HostGSOSupported }
+func (e *linkEndpoint) SupportedGSO() gstack.SupportedGSO { return gstack.HostGSOSupported }
 
-// Attach implements stack.LinkEndpoint.
-func (e *linkEndpoint) Attach(d stack.NetworkDispatcher) {
+// Attach implements gstack.LinkEndpoint.
+func (e *linkEndpoint) Attach(d gstack.NetworkDispatcher) {
 	e.mu.Lock()
 	e.dispatcher = d
 	e.mu.Unlock()
 }
 
-// IsAttached implements stack.LinkEndpoint.
+// IsAttached implements gstack.LinkEndpoint.
 func (e *linkEndpoint) IsAttached() bool {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return e.dispatcher != nil
 }
 
-// Wait implements stack.LinkEndpoint.
+// Wait implements gstack.LinkEndpoint.
 func (e *linkEndpoint) Wait() {}
 
-// ARPHardwareType implements stack.LinkEndpoint.
+// ARPHardwareType implements gstack.LinkEndpoint.
 func (e *linkEndpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareEther }
 
-// AddHeader implements stack.LinkEndpoint.
-func (e *linkEndpoint) AddHeader(pkt *stack.PacketBuffer) {
+// AddHeader implements gstack.LinkEndpoint.
+func (e *linkEndpoint) AddHeader(pkt *gstack.PacketBuffer) {
 	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
 	eth.Encode(&header.EthernetFields{
 		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
@@ -273,8 +338,8 @@ func (e *linkEndpoint) AddHeader(pkt *stack.PacketBuffer) {
 	})
 }
 
-// ParseHeader implements stack.LinkEndpoint.
-func (e *linkEndpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
+// ParseHeader implements gstack.LinkEndpoint.
+func (e *linkEndpoint) ParseHeader(pkt *gstack.PacketBuffer) bool {
 	hdr, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	if ok {
 		pkt.NetworkProtocolNumber = header.Ethernet(hdr).Type()
@@ -282,7 +347,7 @@ func (e *linkEndpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
 	return ok
 }
 
-// Close implements stack.LinkEndpoint.
+// Close implements gstack.LinkEndpoint.
 func (e *linkEndpoint) Close() {
 	e.mu.Lock()
 	f := e.onClose
@@ -293,15 +358,15 @@ func (e *linkEndpoint) Close() {
 	}
 }
 
-// SetOnCloseAction implements stack.LinkEndpoint.
+// SetOnCloseAction implements gstack.LinkEndpoint.
 func (e *linkEndpoint) SetOnCloseAction(f func()) {
 	e.mu.Lock()
 	e.onClose = f
 	e.mu.Unlock()
 }
 
-// WritePackets implements stack.LinkWriter.
-func (e *linkEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+// WritePackets implements gstack.LinkWriter.
+func (e *linkEndpoint) WritePackets(pkts gstack.PacketBufferList) (int, tcpip.Error) {
 	n := 0
 	for _, pkt := range pkts.AsSlice() {
 		if err := e.writePacket(pkt); err != nil {
@@ -315,9 +380,9 @@ func (e *linkEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 	return n, nil
 }
 
-func (e *linkEndpoint) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
+func (e *linkEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 	var h driver.VirtioNetHdr
-	if g := pkt.GSOOptions; g.Type != stack.GSONone {
+	if g := pkt.GSOOptions; g.Type != gstack.GSONone {
 		h.HdrLen = uint16(pkt.HeaderSize())
 		if g.NeedsCsum {
 			h.Flags = driver.VirtioNetHdrFNeedsCsum
@@ -326,9 +391,9 @@ func (e *linkEndpoint) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		}
 		if pkt.Data().Size() > int(g.MSS) {
 			switch g.Type {
-			case stack.GSOTCPv4:
+			case gstack.GSOTCPv4:
 				h.GSOType = driver.VirtioNetHdrGSOTCPv4
-			case stack.GSOTCPv6:
+			case gstack.GSOTCPv6:
 				h.GSOType = driver.VirtioNetHdrGSOTCPv6
 			}
 			if h.GSOType != driver.VirtioNetHdrGSONone {

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -196,52 +195,6 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	default:
 	}
 	return true
-}
-
-// udpTrain reports whether p is a UDP packet that aggregates several
-// datagrams (a UDP GRO train), and where its IP and UDP headers are.
-func udpTrain(p *bufpool.Packet) (l3, l4 int, ok bool) {
-	if p.Segs < 2 || p.GSOSize == 0 {
-		return 0, 0, false
-	}
-	return udpHeaders(p)
-}
-
-// splitUDP hands a UDP train to gVisor as the datagrams it was made of, as
-// the kernel does for a socket without UDP_GRO: the payload is copied once
-// into one view, and each datagram gets its own rebuilt headers and a clone
-// of its part of that view.
-func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
-	hdrLen := l4 + header.UDPMinimumSize
-	total := p.TotalLen() - chainHeaders(p) - hdrLen
-	all := buffer.NewView(total)
-	writeAfter(all, p, hdrLen)
-	if e.pcap != nil {
-		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
-	}
-	gso := int(p.GSOSize)
-	for off := 0; off < total; off += gso {
-		n := min(gso, total-off)
-		hv := buffer.NewViewWithData(p.Linear[:hdrLen])
-		h := hv.AsSlice()
-		udpLen := uint16(header.UDPMinimumSize + n)
-		if isIPv4(h[l3:]) {
-			ip := header.IPv4(h[l3:l4])
-			ip.SetTotalLength(uint16(l4-l3) + udpLen)
-			ip.SetChecksum(0)
-			ip.SetChecksum(^ip.CalculateChecksum())
-		} else {
-			header.IPv6(h[l3:l4]).SetPayloadLength(uint16(l4-l3-header.IPv6MinimumSize) + udpLen)
-		}
-		header.UDP(h[l4:]).SetLength(udpLen)
-		pv := all.Clone()
-		pv.TrimFront(off)
-		pv.CapLength(n)
-		buf := buffer.MakeWithView(hv)
-		buf.Append(pv)
-		e.dispatch(buf)
-	}
-	all.Release()
 }
 
 // copyAfter copies the packet's bytes after skip, and its chain's payload
