@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -44,7 +45,7 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
 			ip := header.IPv4(h[l3:l4])
 			ip.SetTotalLength(uint16(l4-l3) + udpLen)
 			ip.SetChecksum(0)
-			ip.SetChecksum(^ip.CalculateChecksum())
+			ip.SetChecksum(^checksum.Checksum(ip, 0)) // the whole header, options too
 		} else {
 			header.IPv6(h[l3:l4]).SetPayloadLength(uint16(l4-l3-header.IPv6MinimumSize) + udpLen)
 		}
