@@ -127,6 +127,28 @@ func TestUDPHeaders(t *testing.T) {
 	}
 }
 
+// TestUDPHeadersNoAllocs pins the train lookup's header reads, which
+// every UDP packet meets while a TrainConn is bound, at no allocation.
+func TestUDPHeadersNoAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race or -cover")
+	}
+	for _, s := range []udpFrameSpec{{src: udpSrc4, dst: udpDst4}, {v6: true, src: udpSrc6, dst: udpDst6}} {
+		p := bufpool.NewPacket()
+		p.Linear = append(p.Linear, udpHeaderFrame(s)...)
+		p.Len = len(p.Linear)
+		if a := testing.AllocsPerRun(500, func() {
+			l3, l4, ok := udpHeaders(p)
+			if !ok || udpDest(p.Linear, l3) != s.dst.Addr() || udpSource(p.Linear, l3, l4) != s.src {
+				t.Fatal("headers misread")
+			}
+		}); a != 0 {
+			t.Errorf("v6 %v: allocations per packet: got %v, want 0", s.v6, a)
+		}
+		p.Release()
+	}
+}
+
 // trainPacket builds a UDP train of segs datagrams of gso bytes (the last
 // one last bytes, if not 0) as GRO leaves it: the headers in the linear
 // part, the payload in frags of whole pages from pool (the last one
