@@ -14,9 +14,10 @@ import (
 // lack). The frames here are the NIC model's: the Ethernet header first,
 // without a VLAN tag (a tagged frame reads as another EtherType, so none
 // of these parsers take it), and the headers in the linear part, checked
-// by the NIC model (driver.ParseFrame) or rebuilt by GRO. Each still
-// checks every length it reads, so that a frame they did not check costs
-// a false ok, not a panic. None allocates.
+// by the NIC model (driver.ParseFrame) or rebuilt by GRO. udpHeaders and
+// tcpHeaders still check every length they read, so that a frame nobody
+// checked costs a false ok, not a panic; the readers given their offsets
+// (udpDest, udpSource, ipAddrs) check none. None allocates.
 
 // l3Off is where the IP header of the NIC model's frames starts.
 const l3Off = header.EthernetMinimumSize

@@ -36,12 +36,13 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
 		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
 	}
 	gso := int(p.GSOSize)
+	v4 := isIPv4(p.Linear[l3:])
 	for off := 0; off < total; off += gso {
 		n := min(gso, total-off)
 		hv := buffer.NewViewWithData(p.Linear[:hdrLen])
 		h := hv.AsSlice()
 		udpLen := uint16(header.UDPMinimumSize + n)
-		if isIPv4(h[l3:]) {
+		if v4 {
 			ip := header.IPv4(h[l3:l4])
 			ip.SetTotalLength(uint16(l4-l3) + udpLen)
 			ip.SetChecksum(0)
