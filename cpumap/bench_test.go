@@ -12,8 +12,9 @@ import (
 // returner is a Receiver that hands packets back to the test: it keeps
 // them until want have come, then signals done.
 type returner struct {
-	mu   sync.Mutex
-	back []*bufpool.Packet // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	back []*bufpool.Packet
 	want int
 	done chan struct{}
 }

@@ -18,8 +18,9 @@ import (
 // testPools are the pools created by newPool; TestMain checks that no page
 // of any of them is still out.
 var testPools struct {
-	mu    sync.Mutex
-	pools []*bufpool.Pool // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	pools []*bufpool.Pool
 }
 
 func TestMain(m *testing.M) {
@@ -93,9 +94,11 @@ type event struct {
 // releases each packet. With gate set, its first Receive signals blocked
 // and then waits until gate is closed, holding the worker.
 type recorder struct {
-	mu      sync.Mutex
-	events  []event // +checklocks:mu
-	n       int     // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	events []event
+	// +checklocks:mu
+	n       int
 	gate    chan struct{}
 	blocked chan struct{}
 	once    sync.Once

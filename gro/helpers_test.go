@@ -50,7 +50,8 @@ type wire struct {
 // of any of them is still out.
 var (
 	testPoolsMu sync.Mutex
-	testPools   []*bufpool.Pool
+	// +checklocks:testPoolsMu
+	testPools []*bufpool.Pool
 )
 
 func newPool(t testing.TB) *bufpool.Pool {

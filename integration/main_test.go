@@ -61,7 +61,8 @@ func (t *tally) notePeaks(rss, pages int64) {
 
 var (
 	talliesMu sync.Mutex
-	tallies   = map[string]*tally{}
+	// +checklocks:talliesMu
+	tallies = map[string]*tally{}
 )
 
 // record returns the tally of the named row (a test's name), creating it.

@@ -63,7 +63,8 @@ func ustackBinary(t *testing.T) string {
 // syncBuffer is a bytes.Buffer that a command may write while the test
 // reads it.
 type syncBuffer struct {
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	buf bytes.Buffer
 }
 

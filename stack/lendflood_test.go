@@ -22,7 +22,8 @@ import (
 // connections.
 type tcpSpy struct {
 	*driver.MemWire
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	conns map[uint16]spyConn
 }
 
