@@ -2,9 +2,7 @@ package cpumap
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net/netip"
-	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -14,40 +12,6 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
-
-// testPools are the pools created by newPool; TestMain checks that no page
-// of any of them is still out.
-var testPools struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	pools []*bufpool.Pool
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testPools.mu.Lock()
-	for i, p := range testPools.pools {
-		if n := p.InUse(); n != 0 && code == 0 {
-			fmt.Fprintf(os.Stderr, "pool %d: %d pages still in use after the tests\n", i, n)
-			code = 1
-		}
-	}
-	testPools.mu.Unlock()
-	os.Exit(code)
-}
-
-// newPool returns a poisoning pool that TestMain checks.
-func newPool(t testing.TB) *bufpool.Pool {
-	t.Helper()
-	p, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatalf("bufpool.New: %v", err)
-	}
-	testPools.mu.Lock()
-	testPools.pools = append(testPools.pools, p)
-	testPools.mu.Unlock()
-	return p
-}
 
 // tagged returns a packet whose linear part holds tag and which holds one
 // page of pool as a frag, so that a packet never released shows as a page

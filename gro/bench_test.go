@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -100,7 +101,7 @@ func TestNoAllocs(t *testing.T) {
 	}
 	for _, wl := range workloads() {
 		t.Run(wl.name, func(t *testing.T) {
-			pool := newPool(t)
+			pool := testutil.NewPoisonPool(t)
 			tm := newTemplates(t, pool, wl)
 			defer tm.release()
 			r := &releaser{}

@@ -3,7 +3,6 @@ package gro
 import (
 	"bytes"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
@@ -44,26 +43,6 @@ type wire struct {
 	pool *bufpool.Pool
 	page *bufpool.Page
 	off  int
-}
-
-// testPools are the pools created by newPool; TestMain checks that no page
-// of any of them is still out.
-var (
-	testPoolsMu sync.Mutex
-	// +checklocks:testPoolsMu
-	testPools []*bufpool.Pool
-)
-
-func newPool(t testing.TB) *bufpool.Pool {
-	t.Helper()
-	p, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatalf("bufpool.New: %v", err)
-	}
-	testPoolsMu.Lock()
-	testPools = append(testPools, p)
-	testPoolsMu.Unlock()
-	return p
 }
 
 func newWire(t testing.TB, pool *bufpool.Pool) *wire { return &wire{t: t, pool: pool} }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // tcpSpy is a Wire that passes frames through and remembers, per local
@@ -126,10 +127,7 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
 	// A ring large enough that no page is dropped from it, so that
 	// rx_pp_pages_in_use counts every page gVisor pins.
-	pool, err := bufpool.New(bufpool.Config{Memory: NewChunkMemory(), RingSize: 1 << 16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Memory: NewChunkMemory(), RingSize: 1 << 16})
 	cfg.Wire, cfg.MAC, cfg.ZeroCopy = a, [6]byte([]byte(floodRxMAC)), true
 	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
 	cfg.Driver.Pool = pool

@@ -17,6 +17,7 @@ import (
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/driver/xsk"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // nullWire is an xsk.Wire that discards: the tests' sockets only receive.
@@ -46,10 +47,7 @@ func newXSKBed(t testing.TB, port uint16, sc xsk.Config, fill int) *xskBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := bufpool.New(bufpool.Config{RingSize: 1 << 12})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{RingSize: 1 << 12})
 	rx, err := New(Config{
 		Wire:   a,
 		Addrs:  []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")},
