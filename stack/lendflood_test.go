@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -75,24 +74,12 @@ var (
 // tcpSegment returns a frame, virtio-net header first, of a segment from
 // the peer's port to floodRx with payload, seq and ack, carrying opts.
 func tcpSegment(port uint16, seq, ack uint32, opts, payload []byte) []byte {
-	tcpLen := header.TCPMinimumSize + len(opts)
-	ipLen := header.IPv4MinimumSize + tcpLen + len(payload)
-	b := make([]byte, driver.VirtioNetHdrLen+header.EthernetMinimumSize+ipLen)
-	f := b[driver.VirtioNetHdrLen:]
-	header.Ethernet(f).Encode(&header.EthernetFields{SrcAddr: floodPeerMAC, DstAddr: floodRxMAC, Type: header.IPv4ProtocolNumber})
-	src, dst := tcpip.AddrFrom4([4]byte{192, 0, 2, 2}), tcpip.AddrFrom4(floodRx.Addr().As4())
-	ip := header.IPv4(f[header.EthernetMinimumSize:])
-	ip.Encode(&header.IPv4Fields{TotalLength: uint16(ipLen), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: src, DstAddr: dst})
-	ip.SetChecksum(^ip.CalculateChecksum())
-	tcp := header.TCP(ip[header.IPv4MinimumSize:])
-	tcp.Encode(&header.TCPFields{SrcPort: port, DstPort: floodRx.Port(), SeqNum: seq, AckNum: ack,
-		DataOffset: uint8(tcpLen), Flags: header.TCPFlagAck | header.TCPFlagPsh, WindowSize: 65535})
-	copy(tcp[header.TCPMinimumSize:], opts)
-	copy(tcp[tcpLen:], payload)
-	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dst, uint16(tcpLen+len(payload)))
-	xsum = checksum.Checksum(payload, xsum)
-	tcp.SetChecksum(^tcp.CalculateChecksum(xsum))
-	return b
+	return testutil.Frame{
+		Headroom: driver.VirtioNetHdrLen, SrcMAC: floodPeerMAC, DstMAC: floodRxMAC,
+		Src: tcpip.AddrFrom4([4]byte{192, 0, 2, 2}), Dst: tcpip.AddrFrom4(floodRx.Addr().As4()),
+		SrcPort: port, DstPort: floodRx.Port(), Seq: seq, Ack: ack,
+		Flags: header.TCPFlagAck | header.TCPFlagPsh, Window: 65535, TCPOptions: opts, Payload: payload,
+	}.Build()
 }
 
 // fillerFrame is a full-size UDP datagram to a port nobody listens on: it
@@ -100,16 +87,13 @@ func tcpSegment(port uint16, seq, ack uint32, opts, payload []byte) []byte {
 // segment on another page.
 func fillerFrame() []byte {
 	const ipLen = 1500
-	b := make([]byte, driver.VirtioNetHdrLen+header.EthernetMinimumSize+ipLen)
-	f := b[driver.VirtioNetHdrLen:]
-	header.Ethernet(f).Encode(&header.EthernetFields{SrcAddr: floodPeerMAC, DstAddr: floodRxMAC, Type: header.IPv4ProtocolNumber})
-	ip := header.IPv4(f[header.EthernetMinimumSize:])
-	ip.Encode(&header.IPv4Fields{TotalLength: ipLen, TTL: 64, Protocol: uint8(header.UDPProtocolNumber),
-		SrcAddr: tcpip.AddrFrom4([4]byte{192, 0, 2, 2}), DstAddr: tcpip.AddrFrom4(floodRx.Addr().As4())})
-	ip.SetChecksum(^ip.CalculateChecksum())
-	// Checksum 0: none (RFC 768).
-	header.UDP(ip[header.IPv4MinimumSize:]).Encode(&header.UDPFields{SrcPort: 9, DstPort: 7, Length: ipLen - header.IPv4MinimumSize})
-	return b
+	return testutil.Frame{
+		Headroom: driver.VirtioNetHdrLen, SrcMAC: floodPeerMAC, DstMAC: floodRxMAC,
+		Src: tcpip.AddrFrom4([4]byte{192, 0, 2, 2}), Dst: tcpip.AddrFrom4(floodRx.Addr().As4()),
+		Proto: header.UDPProtocolNumber, SrcPort: 9, DstPort: 7,
+		Payload: make([]byte, ipLen-header.IPv4MinimumSize-header.UDPMinimumSize),
+		Csum:    testutil.CsumZero, // none (RFC 768)
+	}.Build()
 }
 
 // floodResult is what a flood left the receiver's pool holding.

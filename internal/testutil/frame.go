@@ -24,8 +24,10 @@ const (
 // (header.Ethernet.Encode, header.IPv4.Encode or header.IPv6.Encode,
 // header.TCP.Encode or header.UDP.Encode):
 //
-//	Headroom | Ethernet | IPv4 (+options) or IPv6 (+extension headers) | TCP (+options) or UDP | Payload
+//	Headroom | Ethernet | IPv4 (+options) or IPv6 (+extension headers) | TCP (+options) or UDP | Payload | Pad
 //
+// With another Proto (ICMP, say), or NoL4Header, the payload follows the
+// IP header directly: a test writes such an L4 header into Payload itself.
 // The zero value of a field is its zero on the wire, but for TTL (64) and
 // Proto (TCP). The IPv4 header checksum is always correct.
 type Frame struct {
@@ -38,8 +40,9 @@ type Frame struct {
 	// Src and Dst are both IPv4 or both IPv6 addresses, which selects
 	// the IP version.
 	Src, Dst    tcpip.Address
-	TTL         uint8 // TTL or hop limit; 0: 64
-	TOS         uint8 // TOS or traffic class
+	TTL         uint8  // TTL or hop limit; 0: 64
+	TOS         uint8  // TOS or traffic class
+	FlowLabel   uint32 // IPv6
 	ID          uint16
 	IPFlags     uint8  // IPv4 flags (header.IPv4FlagDontFragment ...)
 	FragOff     uint16 // IPv4 fragment offset in bytes
@@ -52,13 +55,23 @@ type Frame struct {
 	Flags            header.TCPFlags // TCP
 	Window           uint16          // TCP
 	TCPOptions       []byte          // TCP, a multiple of 4 bytes
-	Payload          []byte
-	Csum             Csum
+	// NoL4Header leaves out the TCP or UDP header, as in an IP fragment
+	// after the first.
+	NoL4Header bool
+	Payload    []byte
+	// Pad is zero bytes after the IP packet (Ethernet padding).
+	Pad  int
+	Csum Csum
 }
 
 func (f *Frame) v6() bool { return f.Src.Len() == header.IPv6AddressSize }
 
 func (f *Frame) udp() bool { return f.Proto == header.UDPProtocolNumber }
+
+// hasL4 reports whether Build writes a TCP or UDP header.
+func (f *Frame) hasL4() bool {
+	return !f.NoL4Header && (f.Proto == 0 || f.Proto == header.TCPProtocolNumber || f.udp())
+}
 
 // L3Off is the offset of the IP header in the built frame.
 func (f *Frame) L3Off() int { return f.Headroom + header.EthernetMinimumSize }
@@ -71,8 +84,12 @@ func (f *Frame) L4Off() int {
 	return f.L3Off() + header.IPv4MinimumSize + int(f.IPv4Options.Length())
 }
 
-// L4HeaderLen is the length of the TCP header (with options) or UDP header.
+// L4HeaderLen is the length of the TCP header (with options) or UDP
+// header Build writes, 0 for none.
 func (f *Frame) L4HeaderLen() int {
+	if !f.hasL4() {
+		return 0
+	}
 	if f.udp() {
 		return header.UDPMinimumSize
 	}
@@ -98,7 +115,7 @@ func (f Frame) Build() []byte {
 	}
 	l3, l4 := f.L3Off(), f.L4Off()
 	l4Len := f.L4HeaderLen() + len(f.Payload)
-	b := make([]byte, l4+l4Len)
+	b := make([]byte, l4+l4Len+f.Pad)
 	copy(b[l4+f.L4HeaderLen():], f.Payload)
 
 	eth := header.EthernetFields{SrcAddr: f.SrcMAC, DstAddr: f.DstMAC, Type: header.IPv4ProtocolNumber}
@@ -106,6 +123,7 @@ func (f Frame) Build() []byte {
 		eth.Type = header.IPv6ProtocolNumber
 		header.IPv6(b[l3:]).Encode(&header.IPv6Fields{
 			TrafficClass:      f.TOS,
+			FlowLabel:         f.FlowLabel,
 			PayloadLength:     uint16(l4 - l3 - header.IPv6MinimumSize + l4Len),
 			TransportProtocol: f.Proto,
 			HopLimit:          f.TTL,
@@ -129,9 +147,12 @@ func (f Frame) Build() []byte {
 		})
 		ip.SetChecksum(^ip.CalculateChecksum())
 	}
-	header.Ethernet(b[f.Headroom:]).Encode(&eth)
 
-	seg := b[l4:]
+	header.Ethernet(b[f.Headroom:]).Encode(&eth)
+	if !f.hasL4() {
+		return b
+	}
+	seg := b[l4 : l4+l4Len]
 	if f.udp() {
 		header.UDP(seg).Encode(&header.UDPFields{SrcPort: f.SrcPort, DstPort: f.DstPort, Length: uint16(l4Len)})
 	} else {
