@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // returner is a Receiver that hands packets back to the test: it keeps
@@ -34,7 +35,7 @@ func (r *returner) EndBatch(int64) {}
 // TestNoAllocs pins zero heap allocations per frame in steady state, on
 // both sides: Enqueue, Flush, the ring, the wake-up and the worker's round.
 func TestNoAllocs(t *testing.T) {
-	if raceEnabled {
+	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	const n = 64 // a NAPI budget of frames per poll batch

@@ -238,7 +238,7 @@ func TestDriverDropsAndContinues(t *testing.T) {
 // ring placement, CQE, poll loop, header split, packet hand-off and release)
 // at zero heap allocations per packet.
 func TestRxNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, tc := range []struct {

@@ -263,7 +263,7 @@ func TestLendFlood(t *testing.T) {
 		// Under -race, with an earlier pacing, gVisor was seen to hold
 		// fewer than 64 of the segments' pages (not chased): the bound
 		// was then not reached. TestLendBound pins it in any case.
-		if r.c["zc_frags_copied_over_limit"] == 0 && !raceEnabled {
+		if r.c["zc_frags_copied_over_limit"] == 0 && !testutil.RaceEnabled {
 			t.Error("zc_frags_copied_over_limit: got 0, want > 0")
 		}
 		// A few workers may lend at once past the check: a little slack.

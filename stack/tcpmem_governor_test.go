@@ -14,6 +14,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // memWaitFor polls cond until it holds; the deadline only bounds a failure.
@@ -296,7 +298,7 @@ func TestTCPMemRefuse(t *testing.T) {
 // TestTCPMemRefuseNoAllocs pins the hard limit's cost to the segments it
 // lets pass: a parse and a binary search, no allocation.
 func TestTCPMemRefuseNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	over := []uint64{flowHash(zwLocal4.AsSlice(), zwRemote4.AsSlice(), 7, 40000)}

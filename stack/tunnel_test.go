@@ -109,7 +109,7 @@ func TestTunnelConfigErrors(t *testing.T) {
 // (zero copy, as TestLendNoAllocs), and checks that a packet for an inner
 // address goes to the tunnel NIC and one for another address to the wire's.
 func TestTunnelDeliverNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), RingSize: 64})

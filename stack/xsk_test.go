@@ -280,7 +280,7 @@ func TestXSKUnbound(t *testing.T) {
 // into the socket, at zero allocations, with the application recycling
 // the frame through the RX and fill rings.
 func TestXSKRxNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	bed := newXSKBed(t, 7000, xsk.Config{NumFrames: 64, FrameSize: 2048, FillSize: 64, RxSize: 64}, 64)

@@ -232,7 +232,7 @@ func (d *nullDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack.
 // packet once warm: a page from the pool filled, lent to gVisor as views in
 // a packet of 16 frags, released by gVisor, and reused by the pool.
 func TestLendNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), RingSize: 64})

@@ -174,7 +174,7 @@ func TestZeroWindowSlots(t *testing.T) {
 // TestZeroWindowNoAllocs pins the per-packet cost of the record: sending a
 // segment and receiving one that needs no pure ACK allocate nothing.
 func TestZeroWindowNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	var z zeroWindow
