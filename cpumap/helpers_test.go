@@ -3,10 +3,8 @@ package cpumap
 import (
 	"encoding/binary"
 	"net/netip"
-	"runtime"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/internal/testutil"
@@ -30,23 +28,6 @@ func tagged(t testing.TB, pool *bufpool.Pool, tag uint64) *bufpool.Packet {
 }
 
 func tagOf(p *bufpool.Packet) uint64 { return binary.LittleEndian.Uint64(p.Linear) }
-
-// waitFor polls cond until it holds, failing the test after 10 s. It
-// yields at first, then sleeps, so that short waits stay short.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; !cond(); i++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		if i < 1000 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(100 * time.Microsecond)
-		}
-	}
-}
 
 // event is something a recorder saw, in order.
 type event struct {

@@ -94,7 +94,7 @@ func TestBulkFlush(t *testing.T) {
 			if got := r.tail.Load(); got != uint64(total) {
 				t.Fatalf("after Flush: got %d in the ring, want %d", got, total)
 			}
-			waitFor(t, "frames received", func() bool { return rec.received() == total })
+			testutil.WaitFor(t, "frames received", func() bool { return rec.received() == total })
 			wantFlushes := uint64(1)
 			if part > 0 {
 				wantFlushes = 2
@@ -256,7 +256,7 @@ func TestWakeups(t *testing.T) {
 		pr.Enqueue(0, tagged(t, pool, uint64(i)))
 		pr.Flush()
 		// Each frame is a round that leaves the ring empty.
-		waitFor(t, fmt.Sprint("frame ", i), func() bool { return st.EndBatches.Load() == uint64(i+1) })
+		testutil.WaitFor(t, fmt.Sprint("frame ", i), func() bool { return st.EndBatches.Load() == uint64(i+1) })
 	}
 	if got := rec.received(); got != n {
 		t.Errorf("got %d frames, want %d", got, n)
@@ -283,8 +283,8 @@ func TestEndBatch(t *testing.T) {
 	}
 	pr.Flush()
 	close(rec.gate)
-	waitFor(t, "201 frames", func() bool { return rec.received() == 201 })
-	waitFor(t, "the batch end", func() bool { return len(rec.batchEnds('F')) == 1 })
+	testutil.WaitFor(t, "201 frames", func() bool { return rec.received() == 201 })
+	testutil.WaitFor(t, "the batch end", func() bool { return len(rec.batchEnds('F')) == 1 })
 	if err := m.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -475,9 +475,9 @@ func TestStatsEach(t *testing.T) {
 	}
 	pr.Enqueue(5, tagged(t, pool, 9)) // no entry 5
 	close(rec.gate)
-	waitFor(t, "5 frames", func() bool { return rec.received() == 5 })
-	waitFor(t, "the batch end", func() bool { return len(rec.batchEnds('E')) == 1 })
-	waitFor(t, "the worker asleep", func() bool { return m.Stats().Entry(0).EmptyWaits.Load() == 2 })
+	testutil.WaitFor(t, "5 frames", func() bool { return rec.received() == 5 })
+	testutil.WaitFor(t, "the batch end", func() bool { return len(rec.batchEnds('E')) == 1 })
+	testutil.WaitFor(t, "the worker asleep", func() bool { return m.Stats().Entry(0).EmptyWaits.Load() == 2 })
 
 	var got []string
 	m.Stats().Each(func(name string, v uint64) { got = append(got, fmt.Sprintf("%s=%d", name, v)) })

@@ -154,7 +154,7 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 		ports = append(ports, uint16(c.LocalAddr().(*net.TCPAddr).Port))
 	}
 	known := make([]spyConn, len(ports))
-	floodWait(t, "every handshake's last ACK", func() bool {
+	testutil.WaitFor(t, "every handshake's last ACK", func() bool {
 		for i, p := range ports {
 			c, ok := spy.conn(p)
 			if !ok {
@@ -193,7 +193,7 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 				// fit): its poll loop has had every frame sent so far, so
 				// that the pages in flight are a batch's whatever its
 				// speed.
-				floodWait(t, "the receiver to take what was sent", func() bool {
+				testutil.WaitFor(t, "the receiver to take what was sent", func() bool {
 					return built() >= builtBefore+uint64(sent) || b.Dropped() > 0
 				})
 				res.peakPages = max(res.peakPages, int64(pool.InUse()))
@@ -204,7 +204,7 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 		t.Fatalf("the wire dropped %d frames", n)
 	}
 	// Let the last batch reach gVisor.
-	floodWait(t, "the segments to reach gVisor", func() bool {
+	testutil.WaitFor(t, "the segments to reach gVisor", func() bool {
 		return segs() >= segsBefore+uint64(conns*perConn)
 	})
 	res.peakPages = max(res.peakPages, int64(pool.InUse()))
@@ -214,18 +214,6 @@ func oooFlood(t *testing.T, cfg Config, conns, perConn, size int) floodResult {
 		conns, perConn, size, res.peakPages, res.lentPages, res.c["zc_views_lent"], res.c["zc_frags_copied_small"],
 		res.c["zc_frags_copied_over_limit"], res.c["tcp_segments_received"])
 	return res
-}
-
-// floodWait polls cond until it holds; the deadline only bounds a failure.
-func floodWait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 60 s for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestLendFlood: a flood of out-of-order segments over many connections,

@@ -1,8 +1,9 @@
 // Package testutil holds what the tests of every ustack package share, as
 // wireguard-go's tun/tuntest does for its tun tests: a TestMain that fails
 // the run when a test leaves a goroutine running or a pooled page out
-// (Main, Run), pool constructors those checks cover (NewPool), and test
-// frames built with gVisor's header encoders (Frame).
+// (Main, Run), pool constructors those checks cover (NewPool), a poll for
+// a condition (WaitFor), and test frames built with gVisor's header
+// encoders (Frame).
 //
 // Test code only: no package but a _test.go file imports it. It imports
 // bufpool, so bufpool's own TestMain sits in an external test file
@@ -12,6 +13,7 @@ package testutil
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -110,4 +112,26 @@ func NewPool(t testing.TB, cfg bufpool.Config) *bufpool.Pool {
 func NewPoisonPool(t testing.TB) *bufpool.Pool {
 	t.Helper()
 	return NewPool(t, bufpool.Config{Poison: true})
+}
+
+// waitLimit bounds WaitFor: only a failure waits that long.
+const waitLimit = 60 * time.Second
+
+// WaitFor polls cond until it holds, failing t (naming what) if it does
+// not within 60 s. It yields at first and then sleeps a millisecond a
+// round, so that short waits stay short and long ones leave the CPU to the
+// code under test.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for i := 0; !cond(); i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
+		}
+		if i < 1000 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
