@@ -11,6 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // collector is a Handler that keeps copies of what it is given.
@@ -79,10 +80,7 @@ func startTestDriver(t testing.TB, cfg Config, pc bufpool.Config, h Handler, dep
 	if pc.RingSize == 0 {
 		pc.RingSize = 1 << 16
 	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, pc)
 	copy(cfg.MAC[:], pkDstMAC)
 	cfg.Pool = pool
 	d, err := New(a, cfg)
@@ -240,7 +238,7 @@ func TestDriverDropsAndContinues(t *testing.T) {
 // ring placement, CQE, poll loop, header split, packet hand-off and release)
 // at zero heap allocations per packet.
 func TestRxNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, tc := range []struct {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -95,12 +96,12 @@ func (t *templates) release() {
 // TestNoAllocs pins Receive and EndBatch at zero heap allocations per
 // packet in steady state.
 func TestNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, wl := range workloads() {
 		t.Run(wl.name, func(t *testing.T) {
-			pool := newPool(t)
+			pool := testutil.NewPoisonPool(t)
 			tm := newTemplates(t, pool, wl)
 			defer tm.release()
 			r := &releaser{}

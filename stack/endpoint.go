@@ -24,9 +24,11 @@ type linkEndpoint struct {
 	mtu  uint32
 	addr tcpip.LinkAddress
 
-	mu         sync.RWMutex
-	dispatcher gstack.NetworkDispatcher // +checklocks:mu
-	onClose    func()                   // +checklocks:mu
+	mu sync.RWMutex
+	// +checklocks:mu
+	dispatcher gstack.NetworkDispatcher
+	// +checklocks:mu
+	onClose func()
 
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
@@ -53,8 +55,9 @@ type linkEndpoint struct {
 	epoch      time.Time
 	now        int64 // the current batch's clock (ns since epoch), 0 between batches
 
-	txMu  sync.Mutex
-	parts [][]byte // +checklocks:txMu
+	txMu sync.Mutex
+	// +checklocks:txMu
+	parts [][]byte
 
 	// zw records the windows ustack advertises (written under txMu)
 	// and hands gVisor the ACKs it would drop at a closed window.

@@ -84,20 +84,27 @@ func (l *tcpListener) Addr() net.Addr {
 // copying it, with ReadViews.
 type TCPConn struct {
 	*gonet.TCPConn
-	s  *Stack
+	s  *Stack // +checklocksignore: set by newTCPConn, read-only after
 	ep tcpip.Endpoint
 	wq *waiter.Queue
 
 	// ReadViews' state, under readMu.
-	readMu   sync.Mutex
-	w        viewWriter
-	entry    waiter.Entry
-	ready    chan struct{}
+	readMu sync.Mutex
+	// +checklocks:readMu
+	w viewWriter
+	// +checklocks:readMu
+	entry waiter.Entry
+	// +checklocks:readMu
+	ready chan struct{}
+	// +checklocks:readMu
 	timer    *time.Timer
 	deadline atomic.Int64 // read deadline, Unix ns; 0: none
-	copies   *bufpool.Pool
-	cur      *bufpool.Page // the copy page being filled, one reference
-	curOff   int
+	// +checklocks:readMu
+	copies *bufpool.Pool
+	// +checklocks:readMu
+	cur *bufpool.Page // the copy page being filled, one reference
+	// +checklocks:readMu
+	curOff int
 
 	stats ViewStats
 }
@@ -262,6 +269,8 @@ func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
 
 // waitRead waits until ep.Read returns something or the read deadline
 // passes (reported as ErrTimeout).
+//
+// +checklocks:c.readMu
 func (c *TCPConn) waitRead() (tcpip.ReadResult, tcpip.Error) {
 	if c.ready == nil {
 		c.entry, c.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
@@ -311,6 +320,8 @@ func (errTimeout) Temporary() bool { return true }
 const copyPageSize = 64 << 10
 
 // copyView copies as much of b as fits in the current copy page into a view.
+//
+// +checklocks:c.readMu
 func (c *TCPConn) copyView(b []byte) (View, int, error) {
 	if c.copies == nil {
 		p, err := bufpool.New(bufpool.Config{PageSize: bufpool.PageSize64K, RingSize: 64})
@@ -347,7 +358,10 @@ type viewWriter struct {
 }
 
 // Write takes b (or the part of it that fits in what ReadViews may still
-// read) as views. A short write tells gVisor to stop.
+// read) as views. A short write tells gVisor to stop. gVisor's Read calls
+// it from ReadViews, under readMu.
+//
+// +checklocks:w.c.readMu
 func (w *viewWriter) Write(b []byte) (int, error) {
 	n := min(len(b), w.left)
 	if n == 0 {

@@ -3,6 +3,7 @@ package stack
 import (
 	"bytes"
 	"fmt"
+	"github.com/ustack/ustack/internal/testutil"
 	"net/netip"
 	"testing"
 
@@ -130,7 +131,7 @@ func TestUDPHeaders(t *testing.T) {
 // TestUDPHeadersNoAllocs pins the train lookup's header reads, which
 // every UDP packet meets while a TrainConn is bound, at no allocation.
 func TestUDPHeadersNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, s := range []udpFrameSpec{{src: udpSrc4, dst: udpDst4}, {v6: true, src: udpSrc6, dst: udpDst6}} {

@@ -32,7 +32,8 @@ import (
 // come in powers of two up to buffer.MaxChunkSize, as pages do). It indexes
 // the chunks it handed out by address, for ReadViews.
 type viewMemory struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	index map[uintptr]*buffer.View // granule -> the page's owning view
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // zcConfigs are the receive paths zero copy is tested on.
@@ -231,13 +232,10 @@ func (d *nullDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack.
 // packet once warm: a page from the pool filled, lent to gVisor as views in
 // a packet of 16 frags, released by gVisor, and reused by the pool.
 func TestLendNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
-	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), RingSize: 64})
 	var d nullDispatcher
 	ep := &linkEndpoint{lend: new(lendStats)}
 	ep.Attach(&d)
@@ -283,10 +281,7 @@ func TestLendNoAllocs(t *testing.T) {
 // keeps, as a socket's receive queue would) still holds is not handed to the
 // NIC again, and its bytes stay as delivered; once released it is reused.
 func TestLentPageNotReusedWhileHeld(t *testing.T) {
-	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 8, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), RingSize: 8, Poison: true})
 	var held []*gstack.PacketBuffer
 	d := &keepDispatcher{keep: &held}
 	ep := &linkEndpoint{lend: new(lendStats)}
@@ -484,10 +479,7 @@ func TestReadViewsClose(t *testing.T) {
 // short chained segment is copied between lent ones, and the bytes are the
 // walk's.
 func TestLendChainPerPacket(t *testing.T) {
-	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), PageSize: bufpool.PageSize64K})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), PageSize: bufpool.PageSize64K})
 	page, err := pool.Get()
 	if err != nil {
 		t.Fatal(err)

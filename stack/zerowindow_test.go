@@ -4,8 +4,9 @@ import (
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 var (
@@ -18,34 +19,14 @@ var (
 // zwSegment builds an Ethernet frame with a TCP segment from src:sport to
 // dst:dport, with a timestamp option, and payload bytes of data.
 func zwSegment(src, dst tcpip.Address, sport, dport uint16, seq, ack uint32, flags header.TCPFlags, wnd uint16, opts []byte, payload int) []byte {
-	v6 := src.Len() == 16
-	ipLen := header.IPv4MinimumSize
-	if v6 {
-		ipLen = header.IPv6MinimumSize
+	data := make([]byte, payload)
+	for i := range data {
+		data[i] = byte(i)
 	}
-	tcpLen := header.TCPMinimumSize + len(opts)
-	b := make([]byte, header.EthernetMinimumSize+ipLen+tcpLen+payload)
-	for i := range payload {
-		b[len(b)-payload+i] = byte(i)
-	}
-	eth := header.Ethernet(b)
-	ip := b[header.EthernetMinimumSize:]
-	if v6 {
-		eth.Encode(&header.EthernetFields{Type: header.IPv6ProtocolNumber})
-		header.IPv6(ip).Encode(&header.IPv6Fields{PayloadLength: uint16(tcpLen + payload), TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: src, DstAddr: dst})
-	} else {
-		eth.Encode(&header.EthernetFields{Type: header.IPv4ProtocolNumber})
-		h := header.IPv4(ip)
-		h.Encode(&header.IPv4Fields{TotalLength: uint16(ipLen + tcpLen + payload), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: src, DstAddr: dst})
-		h.SetChecksum(^h.CalculateChecksum())
-	}
-	t := header.TCP(ip[ipLen:])
-	t.Encode(&header.TCPFields{SrcPort: sport, DstPort: dport, SeqNum: seq, AckNum: ack, DataOffset: uint8(tcpLen), Flags: flags, WindowSize: wnd})
-	copy(t[header.TCPMinimumSize:], opts)
-	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dst, uint16(tcpLen+payload))
-	xsum = checksum.Checksum(t[tcpLen:tcpLen+payload], xsum)
-	t.SetChecksum(^t.CalculateChecksum(xsum))
-	return b
+	return testutil.Frame{
+		Src: src, Dst: dst, SrcPort: sport, DstPort: dport, Seq: seq, Ack: ack,
+		Flags: flags, Window: wnd, TCPOptions: opts, Payload: data,
+	}.Build()
 }
 
 // zwSend records frame b as sent by ustack.
@@ -193,7 +174,7 @@ func TestZeroWindowSlots(t *testing.T) {
 // TestZeroWindowNoAllocs pins the per-packet cost of the record: sending a
 // segment and receiving one that needs no pure ACK allocate nothing.
 func TestZeroWindowNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	var z zeroWindow
