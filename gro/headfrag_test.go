@@ -85,3 +85,43 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// TestHeadFragMergeNoAllocs pins the head_frag merge at zero allocations
+// per packet.
+func TestHeadFragMergeNoAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race or -cover")
+	}
+	pool := newPool(t)
+	bd := newBuilder()
+	var ins []built
+	for range 8 {
+		ins = append(ins, bd.build(seg{n: 1448}))
+	}
+	pages := make([]*bufpool.Page, 4)
+	for i := range pages {
+		pg, err := pool.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages[i] = pg
+	}
+	r := &releaser{}
+	e := New(Config{}, r)
+	batch := func() {
+		for i, b := range ins {
+			e.Receive(headFragPacket(pages[i/2], i%2*2048+64, b), 0)
+		}
+		e.EndBatch(0)
+	}
+	batch()
+	if got := testing.AllocsPerRun(100, batch); got != 0 {
+		t.Errorf("allocations per batch of 8 head-frag segments: got %v, want 0", got)
+	}
+	if got := e.Stats().FragList.Load(); got != 0 {
+		t.Errorf("frag_list merges: got %d, want 0", got)
+	}
+	for _, pg := range pages {
+		pg.DecRef()
+	}
+}
