@@ -318,10 +318,17 @@ func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
 // shell is released when its frags moved) and ent's counts include it.
 func (e *Engine) append(ent *entry, p *bufpool.Packet, s *segInfo) bool {
 	t := ent.tail
-	if len(p.Linear) == s.hlen {
+	// skb_gro_receive's head_frag branch: a linear part holding payload
+	// that is a head frag (built over its RX buffer) gives its payload,
+	// in its page, as a frag ahead of p's own frags, if they all fit;
+	// else p goes to the frag_list.
+	headFrag := p.Head != nil && len(p.Linear) > s.hlen && len(t.Frags)+1+len(p.Frags) <= cap(t.Frags)
+	if len(p.Linear) == s.hlen || headFrag {
 		frags := p.Frags
 		var last *bufpool.Frag
-		if len(t.Frags) > 0 && len(frags) > 0 {
+		if headFrag {
+			t.Frags = append(t.Frags, p.TakeHead(s.hlen))
+		} else if len(t.Frags) > 0 && len(frags) > 0 {
 			l := &t.Frags[len(t.Frags)-1]
 			if l.Page == frags[0].Page && l.Off+l.Len == frags[0].Off {
 				last = l
