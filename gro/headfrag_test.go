@@ -1,6 +1,7 @@
 package gro
 
 import (
+	"github.com/ustack/ustack/internal/testutil"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
@@ -26,7 +27,7 @@ func headFragPacket(pg *bufpool.Page, off int, b built) *bufpool.Packet {
 // frags), not by the frag_list; the head keeps its linear part.
 func TestHeadFragMerge(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
-		pool := newPool(t)
+		pool := testutil.NewPoisonPool(t)
 		bd := newBuilder()
 		var ins []built
 		for range 8 {
@@ -89,10 +90,10 @@ func boolInt(b bool) int {
 // TestHeadFragMergeNoAllocs pins the head_frag merge at zero allocations
 // per packet.
 func TestHeadFragMergeNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	bd := newBuilder()
 	var ins []built
 	for range 8 {
