@@ -247,9 +247,10 @@ func (c *TCPConn) Retransmits() uint64 {
 // it appends views of the RX pages that hold them to vs and returns the
 // result and the number of bytes. It follows tcp_mmap's rule
 // (tcp_zerocopy_receive): only a whole, page-aligned page of the RX pool is
-// handed over in place; the rest (parts of pages, and a page max cuts) is
-// copied into the connection's own pages, as the kernel leaves it to the
-// copy buffer or recv. So the mappable share depends on the receive path:
+// handed over in place; the rest (parts of pages) is copied into the
+// connection's own pages, as the kernel leaves it to the copy buffer or
+// recv. A whole page that max cuts is left for the next read, unless it is
+// the first thing read. So the mappable share depends on the receive path:
 // with hardware GRO coalescing frags are whole pages, with software GRO and
 // MTU-sized frames they are not. It blocks until at least one byte is
 // there, like Read, and returns io.EOF once the peer closed and everything
@@ -392,6 +393,16 @@ func (w *viewWriter) Write(b []byte) (int, error) {
 	st := &w.got
 	rest := b[:n]
 	inRX := false
+	if w.mem != nil && n < len(b) && st.MappedBytes+st.CopiedBytes > 0 {
+		// A whole page the limit cuts stays for the next read, as
+		// tcp_zerocopy_receive maps only the whole pages that fit and
+		// leaves the rest queued; with nothing read yet it is copied, as
+		// a zerocopy receive shorter than a page leaves it to recv.
+		if v, _ := w.mem.mapPage(b, w.page); v != nil {
+			v.Release()
+			return 0, io.ErrShortWrite
+		}
+	}
 	if w.mem != nil {
 		var v *buffer.View
 		if v, inRX = w.mem.mapPage(rest, w.page); v != nil {

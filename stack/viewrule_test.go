@@ -2,6 +2,7 @@ package stack
 
 import (
 	"bytes"
+	"io"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
@@ -10,7 +11,8 @@ import (
 // TestReadViewsPageRule checks tcp_mmap's rule in ReadViews' writer, slice
 // by slice as gVisor's Read hands them over: a whole, page-aligned order-0
 // RX page is mapped; part of a page, a whole page that the read's limit
-// cuts, and a page of a higher order (compound: can_map_frag refuses it)
+// cuts when it is the first thing read (after other bytes it stays for the
+// next read), and a page of a higher order (compound: can_map_frag refuses it)
 // are copied and counted as copybuf; bytes outside the RX pages are copied
 // but are no copybuf. Counters exact, bytes exact.
 func TestReadViewsPageRule(t *testing.T) {
@@ -59,7 +61,7 @@ func TestReadViewsPageRule(t *testing.T) {
 	writes := []write{
 		{b: pg.Bytes(), mapped: true},                    // a whole page: mapped
 		{b: pg.Bytes()[100:1600]},                        // part of a page: copybuf
-		{b: pg.Bytes(), left: 1000},                      // a page max cuts: copybuf
+		{b: pg.Bytes(), left: 1000},                      // a page max cuts, read first: copybuf
 		{b: hi.Bytes()},                                  // a whole order-1 page: copybuf
 		{b: hi.Bytes()[bufpool.PageSize4K:]},             // an aligned 4 KB of it: copybuf
 		{b: heap},                                        // not an RX page: copied
@@ -105,6 +107,21 @@ func TestReadViewsPageRule(t *testing.T) {
 	}
 	if c.stats != want {
 		t.Errorf("counts: got %+v, want %+v", c.stats, want)
+	}
+	// A whole page the limit cuts after other bytes of the same read stays
+	// for the next read: nothing of it is taken.
+	w := viewWriter{c: c, mem: mem, page: bufpool.PageSize4K, left: 3000}
+	if n, err := w.Write(pg.Bytes()[:1000]); n != 1000 || err != nil {
+		t.Errorf("first write of a read: got %d, %v, want 1000, nil", n, err)
+	}
+	if n, err := w.Write(pg.Bytes()); n != 0 || err != io.ErrShortWrite {
+		t.Errorf("a cut page after 1000 bytes: got %d, %v, want 0, io.ErrShortWrite", n, err)
+	}
+	if got := (ViewStats{CopiedBytes: 1000, CopybufBytes: 1000, Views: 1}); w.got != got || len(w.views) != 1 {
+		t.Errorf("read with a cut page: counts %+v in %d views, want %+v in 1", w.got, len(w.views), got)
+	}
+	for i := range w.views {
+		w.views[i].Release()
 	}
 	if want := (ViewStats{MappedBytes: 4096, PageBytes: 4096, CopiedBytes: 1500 + 1000 + 8192 + 4096 + 700 + 1, CopybufBytes: 1500 + 1000 + 8192 + 4096 + 1, Views: 7}); c.stats != want {
 		t.Errorf("counts: got %+v, want %+v", c.stats, want)
