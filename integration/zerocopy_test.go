@@ -15,7 +15,8 @@ import (
 // hardware GRO coalescing, IPv4 and IPv6: every byte arrives, no page is
 // written while gVisor or the reader holds it (the views are hashed after
 // the next read), and, as tcp_mmap maps only whole pages, with coalescing
-// most bytes are read in place and with software GRO none.
+// the bytes the NIC laid in whole pages are read in place and with software
+// GRO none.
 func TestZeroCopyBulk(t *testing.T) {
 	needRoot(t)
 	i := 0
@@ -33,9 +34,12 @@ func TestZeroCopyBulk(t *testing.T) {
 					t.Errorf("zc_views_lent %d, read mapped+copied %d: want views lent and %d bytes", c["zc_views_lent"], got, 64<<20)
 				}
 				// tcp_mmap's rule: whole pages are mapped, the rest copied.
-				// MTU-sized frags never fill a page; coalesced ones mostly do.
-				if mode == driver.HWGROCoalesce && c["zc_read_mapped_bytes"]*2 < 64<<20 {
-					t.Errorf("read in place with coalescing: %d of %d, want most", c["zc_read_mapped_bytes"], 64<<20)
+				// MTU-sized frags never fill a page; with coalescing, what
+				// the NIC laid in whole pages (rx_gro_hw_mappable_bytes: most
+				// of it, unless a loaded machine cuts the sessions short) is
+				// read in place.
+				if whole := c["rx_gro_hw_mappable_bytes"]; mode == driver.HWGROCoalesce && (whole == 0 || c["zc_read_mapped_bytes"]*10 < whole*9) {
+					t.Errorf("read in place with coalescing: %d, the NIC laid %d in whole pages: want at least 90%% of them", c["zc_read_mapped_bytes"], whole)
 				}
 				if mode == driver.HWGROOff && (c["zc_read_mapped_bytes"] != 0 || c["zc_read_copybuf_bytes"] == 0) {
 					t.Errorf("mapped %d, copybuf %d with software GRO: want none mapped, copybuf > 0", c["zc_read_mapped_bytes"], c["zc_read_copybuf_bytes"])
