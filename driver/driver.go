@@ -48,6 +48,18 @@
 // goroutine (the softirq) and calls the Handler for each packet, in ring
 // order, then Flush once per batch of at most Budget packets. Transmit may
 // be called from any goroutine.
+//
+// Truesize is not modelled. The kernel charges a GRO frag_list packet more
+// socket memory than a frags one of the same length (skb_gro_receive adds
+// each chained skb's whole truesize, its head included), and
+// tcp_try_rmem_schedule and the advertised window see it. ustack hands such
+// a packet to gVisor with the skb's structure (a view per chained packet,
+// stack's toGVisor), but gVisor charges a segment its bytes plus fixed
+// struct sizes (segMemSize: segSize + PacketBuffer.MemSize), not its views'
+// capacity; the one lever from outside, ReserveHeaderBytes, would allocate
+// and zero the memory it makes gVisor count. So a frag_list packet costs
+// here what it costs in ustack (a view and a copy per chained packet,
+// rx_gro_frag_list), not the kernel's rmem.
 package driver
 
 import (

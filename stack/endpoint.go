@@ -151,12 +151,34 @@ func (e *linkEndpoint) nowNS() int64 {
 	return e.now
 }
 
-// toGVisor hands a packet to gVisor and releases it: the linear part
-// becomes a small view of its own (so that gVisor's header parsing never
-// touches the payload's chunk), the payload (frags, then the payload of any
-// packets chained by GRO's slow path) is copied once into a second view,
-// and the RX pages go back to the pool at once. With zero copy, the payload
-// frags are lent to gVisor as views of their pages instead (zerocopy.go).
+// toGVisor hands a packet to gVisor and releases it. The buffer gVisor gets
+// has the structure of the skb GRO built: the linear part as a view of its
+// own (so that gVisor's header parsing never touches the payload's chunk),
+// the head's frags as a second view, and each packet chained on its
+// frag_list (GRO's slow path) as one more view of that packet's payload, as
+// the kernel keeps each chained skb as a buffer of its own
+// (skb_gro_receive's merge: path). In copy mode the payload is copied once
+// into those views and the RX pages go back to the pool at once; with zero
+// copy, the payload frags are lent to gVisor as views of their pages
+// instead (zerocopy.go). Either way the views go in with Buffer.Merge, not
+// Append, which would copy the start of a view into the spare room of the
+// view before it and so blur the boundaries.
+//
+// Receive memory: the kernel charges a frag_list packet more than a frags
+// one of the same length (skb_gro_receive adds a chained skb's whole
+// truesize, its head included, where the frags path adds only the frags'
+// truesize), and tcp_try_rmem_schedule and the window (tcp_space, the
+// len/truesize scaling_ratio) see it. gVisor charges a segment
+// segSize + PacketBuffer.MemSize, that is its bytes (Buffer.Size) plus
+// fixed struct sizes, not the capacity of its views, so the views' sizes
+// cannot tell it more. The only lever from outside is
+// PacketBufferOptions.ReserveHeaderBytes, which allocates and zeroes the
+// reserve it makes gVisor count: ustack would hold the memory in order to be
+// charged for it, and pay a memclr per chained packet the kernel does not.
+// So ustack does not inflate gVisor's accounting; a frag_list packet costs
+// what it costs here: one more view, and one more copy, per chained packet
+// (rx_gro_frag_list counts them). driver's package doc says the same.
+//
 // It is Deliver's stages 3 to 10 (see there) and takes pkt.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	e.pages.count(pkt)
@@ -178,21 +200,10 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 		e.lendToGVisor(pkt)
 		return
 	}
-	var payload *buffer.View
-	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
-		payload = buffer.NewView(n)
-		writeAfter(payload, pkt, len(pkt.Linear))
-	}
-	if e.pcap != nil {
-		var b []byte
-		if payload != nil {
-			b = payload.AsSlice()
-		}
-		e.pcap.WriteFrame(time.Now(), pkt.Linear, b)
-	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
-	if payload != nil {
-		buf.Append(payload)
+	copyViewsAfter(&buf, pkt, len(pkt.Linear))
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), buf.Flatten())
 	}
 	e.dispatch(buf)
 }
@@ -251,6 +262,39 @@ func writeAfter(v *buffer.View, p *driver.Packet, skip int) {
 	for w := p.Walk(skip); w.Next(); {
 		v.Write(w.Bytes())
 	}
+}
+
+// copyViewsAfter copies p's bytes from offset skip on, and its chain's payload
+// (bufpool.Packet.Walk), into views it appends to b: one for p's bytes, one
+// for each chained packet's, so that b's views end where the packets do.
+// Packets with no bytes to give add no view. p stays the caller's.
+func copyViewsAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
+	var v *buffer.View
+	var q *driver.Packet // the packet v holds the bytes of
+	for w := p.Walk(skip); w.Next(); {
+		if w.Packet() != q {
+			appendView(b, v)
+			q = w.Packet()
+			from := q.HdrLen
+			if q == p {
+				from = skip
+			}
+			v = buffer.NewView(q.Len - min(from, q.Len))
+		}
+		v.Write(w.Bytes())
+	}
+	appendView(b, v)
+}
+
+// appendView appends v (which it takes, nil: none) to b as a view of its
+// own. Buffer.Append would copy what fits into the spare room of b's last
+// view instead.
+func appendView(b *buffer.Buffer, v *buffer.View) {
+	if v == nil {
+		return
+	}
+	one := buffer.MakeWithView(v)
+	b.Merge(&one)
 }
 
 // Flush ends a poll batch. When the ring is drained, GRO flushes what it
