@@ -204,6 +204,8 @@ type seg struct {
 	hdrAdj int    // added to HdrLen
 	lro    uint16 // GSOSize of an LRO super-frame
 	unver  bool   // checksums not verified
+	badL4  bool   // TCP or UDP checksum wrong
+	dst6   byte   // IPv6: a destination options header whose option data is this byte (0: none)
 }
 
 // flowID names a test flow for running sequence numbers and IDs.
@@ -308,7 +310,9 @@ func (bd *builder) build(s seg) built {
 	ipLen := header.IPv4MinimumSize
 	if s.v6 {
 		ipLen = header.IPv6MinimumSize
-		if s.ipOpts {
+		if s.ipOpts || s.dst6 != 0 {
+			// A destination options header is written as a hop-by-hop
+			// one of the same size, then retyped below.
 			ext = append(ext, header.IPv6SerializableHopByHopExtHdr{&header.IPv6RouterAlertOption{Value: header.IPv6RouterAlertMLD}})
 		}
 		if s.frag {
@@ -371,6 +375,12 @@ func (bd *builder) build(s seg) built {
 			DstAddr:           dst,
 			ExtensionHeaders:  ext,
 		})
+		if s.dst6 != 0 {
+			// Next Header 60; one experimental option (RFC 4727, type
+			// 0x1e: skip if unknown) of 4 bytes of s.dst6.
+			ip[6] = protoDestOpts
+			copy(ip[header.IPv6MinimumSize+2:header.IPv6MinimumSize+8], []byte{0x1e, 4, s.dst6, s.dst6, s.dst6, s.dst6})
+		}
 	} else {
 		id := fs.id
 		if s.setID {
@@ -422,6 +432,9 @@ func (bd *builder) build(s seg) built {
 			if c == 0 {
 				c = 0xffff
 			}
+			if s.badL4 {
+				c ^= 0x0100
+			}
 			u.SetChecksum(c)
 		}
 	default:
@@ -442,6 +455,9 @@ func (bd *builder) build(s seg) built {
 		})
 		copy(t[header.TCPMinimumSize:], opts)
 		t.SetChecksum(^t.CalculateChecksum(xsum))
+		if s.badL4 {
+			t.SetChecksum(t.Checksum() - 1) // as gro.c's send_changed_checksum
+		}
 		fs.seq = seq + uint32(s.n)
 		if s.flags&(header.TCPFlagSyn|header.TCPFlagFin) != 0 {
 			fs.seq++
@@ -466,6 +482,14 @@ func (b built) packet(w *wire, l layout) *bufpool.Packet {
 		p.GSOSize = b.seg.lro
 	}
 	return p
+}
+
+// segs returns the wire frames b stands for: an LRO super-frame's segments.
+func (b built) segs() int {
+	if l := int(b.seg.lro); l > 0 && b.seg.n > l {
+		return (b.seg.n + l - 1) / l
+	}
+	return 1
 }
 
 // checkMerged checks a delivered packet built from the frames ins (in
@@ -494,10 +518,17 @@ func checkMerged(p *bufpool.Packet, ins []built) error {
 		return fmt.Errorf("payload: got %d bytes, want %d (or contents differ)", len(got), len(want))
 	}
 	first := ins[0]
-	if got, want := int(p.Segs), len(ins); got != want {
+	wantSegs, wantGSO := 0, len(first.payload)
+	for _, in := range ins {
+		wantSegs += in.segs()
+	}
+	if first.segs() > 1 {
+		wantGSO = int(first.seg.lro)
+	}
+	if got, want := int(p.Segs), wantSegs; got != want {
 		return fmt.Errorf("Segs: got %d, want %d", got, want)
 	}
-	if got, want := int(p.GSOSize), len(first.payload); got != want {
+	if got, want := int(p.GSOSize), wantGSO; got != want {
 		return fmt.Errorf("GSOSize: got %d, want %d", got, want)
 	}
 	chainHdrs := 0
