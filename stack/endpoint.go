@@ -61,6 +61,9 @@ type linkEndpoint struct {
 
 	// mem is the TCP memory governor's hard limit (tcpmem_governor.go).
 	mem tcpMemGate
+
+	// csum drops packets with a bad checksum nobody verified (csum.go).
+	csum csumCheck
 }
 
 var _ stack.LinkEndpoint = (*linkEndpoint)(nil)
@@ -93,6 +96,9 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 // frags are lent to gVisor as views of their pages instead (zerocopy.go).
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	e.pages.count(pkt)
+	if e.dropBadCsum(pkt) {
+		return
+	}
 	if e.trains.deliver(pkt) {
 		return
 	}
