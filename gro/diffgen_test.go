@@ -346,6 +346,25 @@ func engineLens(w *wire, frames []built) flowLens {
 	return out
 }
 
+// engineLensAll is engineLens for frames of one flow (TCP or UDP): the
+// payload lengths of what came up, in order.
+func engineLensAll(w *wire, frames []built) []int {
+	var c collect
+	e := New(Config{}, &c)
+	for _, b := range frames {
+		p := w.packet(b.frame, b.hlen, -1, layoutSplit)
+		p.CsumVerified = false
+		e.Receive(p, 0)
+	}
+	e.EndBatch(0)
+	var out []int
+	for _, p := range c.got {
+		out = append(out, len(payloadOf(p)))
+	}
+	c.release()
+	return out
+}
+
 // shrinkDiff returns a minimal sequence, by frames removed one at a time,
 // for which differs still reports true.
 func shrinkDiff(d diffSeq, differs func(diffSeq) bool) diffSeq {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -94,6 +95,13 @@ func newKernelGRO(t *testing.T, maxFrames int) *kernelGRO {
 // run sends frames and returns what the kernel's GRO made of them, per
 // flow, once every payload byte and every empty segment came up.
 func (k *kernelGRO) run(frames []built) (flowLens, error) {
+	out, _, err := k.runAll(frames)
+	return out, err
+}
+
+// runAll is run that also returns the payload lengths of all flows in the
+// order they came up.
+func (k *kernelGRO) runAll(frames []built) (flowLens, []int, error) {
 	wantBytes, wantEmpty := map[string]int{}, map[string]int{}
 	for _, b := range frames {
 		sport, n, _ := frameFlow(b.frame)
@@ -105,14 +113,15 @@ func (k *kernelGRO) run(frames []built) (flowLens, error) {
 	primer := make([]byte, 60)
 	copy(primer, []byte{2, 0, 0, 0, 0, 0xee, 2, 0, 0, 0, 0, 1, etherPrimer >> 8, etherPrimer & 0xff})
 	if err := k.tx.Write(primer); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, b := range frames {
 		if err := k.tx.Write(b.frame); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	out := flowLens{}
+	var all []int
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		done := true
@@ -122,17 +131,17 @@ func (k *kernelGRO) run(frames []built) (flowLens, error) {
 			}
 		}
 		if done {
-			return out, nil
+			return out, all, nil
 		}
 		if time.Now().After(deadline) {
-			return out, os.ErrDeadlineExceeded
+			return out, all, os.ErrDeadlineExceeded
 		}
 		n, outgoing, err := k.rx.ReadFrame(k.buf, time.Second)
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) {
 				continue
 			}
-			return out, err
+			return out, all, err
 		}
 		sport, plen, ok := frameFlow(k.buf[:n])
 		if outgoing || !ok {
@@ -142,6 +151,7 @@ func (k *kernelGRO) run(frames []built) (flowLens, error) {
 			continue
 		}
 		out[sport] = append(out[sport], plen)
+		all = append(all, plen)
 		wantBytes[sport] -= plen
 		if plen == 0 {
 			wantEmpty[sport]--
@@ -197,6 +207,44 @@ func TestKernelDiff(t *testing.T) {
 		t.Errorf("seed %d differs from the kernel's GRO; minimal sequence:\n%skernel:\n%sengine:\n%s", seed, &m, got, want)
 		if retried >= 5 {
 			t.Fatal("too many differences")
+		}
+	}
+}
+
+// TestKernelSelftestKernel runs the TCP cases of the kernel's gro.c
+// selftest (selftest_test.go) through the running kernel's GRO and requires
+// the payloads TestKernelSelftest requires of the engine: the table is
+// Linux 6.18's, not just gro.c's. (udpgro.sh's cases need UDP GRO on the
+// receiving socket or rx-udp-gro-forwarding; they are not sent.)
+func TestKernelSelftestKernel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for netns, veth and AF_PACKET; run go test -exec sudo")
+	}
+	k := newKernelGRO(t, 20000)
+	for _, v6 := range []bool{false, true} {
+		for _, tc := range selftestCases() {
+			if tc.v4 && v6 || tc.v6 && !v6 {
+				continue
+			}
+			bd := newBuilder()
+			var frames []built
+			for _, s := range tc.segs {
+				s.v6 = v6
+				frames = append(frames, bd.build(s))
+			}
+			var got []int
+			for range diffTries {
+				_, all, err := k.runAll(frames)
+				if err != nil {
+					t.Fatalf("v6 %v %s: %v", v6, tc.name, err)
+				}
+				if got = all; slices.Equal(got, tc.want) {
+					break
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("v6 %v %s: the kernel handed up %v, the table says %v", v6, tc.name, got, tc.want)
+			}
 		}
 	}
 }
