@@ -139,22 +139,18 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize {
 		return passOther
 	}
-	// The Ethernet header is part of the flow (gro_list_prepare:
-	// compare_ether_header): dst and src in f and g's top half.
-	mac := be64(b)
-	macLo := uint64(be32(b[8:]))
 	switch header.Ethernet(b).Type() {
 	case header.IPv4ProtocolNumber:
-		return parse4(p, b, s, mac, macLo)
+		return parse4(p, b, s)
 	case header.IPv6ProtocolNumber:
-		return parse6(p, b, s, mac, macLo)
+		return parse6(p, b, s)
 	}
 	return passOther
 }
 
 // parse4 parses an IPv4 packet (RFC 791 section 3.1) as inet_gro_receive
 // does.
-func parse4(p *bufpool.Packet, b []byte, s *segInfo, mac, macLo uint64) verdict {
+func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv4HdrLen {
 		return passOther
 	}
@@ -173,7 +169,10 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo, mac, macLo uint64) verdict 
 		return passOther
 	}
 	s.v6, s.proto = false, proto
-	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice())), f: mac, g: macLo << 32}
+	// The Ethernet header is part of the flow (gro_list_prepare:
+	// compare_ether_header): destination and source in f and g.
+	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice())),
+		f: be64(b), g: uint64(be32(b[8:])) << 32}
 	s.key.setProto(4, proto)
 	s.l4 = header.EthernetMinimumSize + ipv4HdrLen
 	s.id = ip.ID()
@@ -182,15 +181,16 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo, mac, macLo uint64) verdict 
 	// skb_gro_len(skb)) | (ntohl(*(__be32 *)&iph->id) & ~IP_DF)": the IP
 	// length is not the frame's (padding), or the reserved flag is set
 	// (MF and the offset were handed up above).
-	ipFlush := tot != frameLen(p)-header.EthernetMinimumSize || ip.Flags()&ipv4FlagReserved != 0
-	return parseL4(p, b, s, ip.SourceAddressSlice(), ip.DestinationAddressSlice(), ipFlush)
+	n := frameLen(p)
+	ipFlush := tot != n-header.EthernetMinimumSize || ip.Flags()&ipv4FlagReserved != 0
+	return parseL4(p, b, s, ip.SourceAddressSlice(), ip.DestinationAddressSlice(), n, ipFlush)
 }
 
 // parse6 parses an IPv6 packet (RFC 8200 section 3) as ipv6_gro_receive
 // does: the extension headers ipv6_gro_pull_exthdrs walks (hop-by-hop,
 // routing, destination options: INET6_PROTO_GSO_EXTHDR) are part of the
 // flow, byte for byte; any other (a fragment header) is handed up.
-func parse6(p *bufpool.Packet, b []byte, s *segInfo, mac, macLo uint64) verdict {
+func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv6HdrLen {
 		return passOther
 	}
@@ -221,8 +221,8 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo, mac, macLo uint64) verdict 
 	// ipv6_gro_receive's same flow: "first_word & htonl(0xF00FFFFF)"
 	// (version and flow label), the addresses, the first next header and
 	// the extension headers' bytes (here by hash).
-	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: mac,
-		g: macLo<<32 | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
+	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: be64(b),
+		g: uint64(be32(b[8:]))<<32 | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
 	if ext := b[header.EthernetMinimumSize+ipv6HdrLen : l4]; len(ext) > 0 {
 		s.key.h = extHash(ext)
 	}
@@ -230,8 +230,9 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo, mac, macLo uint64) verdict 
 	plen := int(ip.PayloadLength())
 	// ipv6_gro_receive's flush: "ntohs(iph->payload_len) !=
 	// skb_gro_len(skb)".
-	ipFlush := plen != frameLen(p)-header.EthernetMinimumSize-ipv6HdrLen
-	return parseL4(p, b, s, src, dst, ipFlush)
+	n := frameLen(p)
+	ipFlush := plen != n-header.EthernetMinimumSize-ipv6HdrLen
+	return parseL4(p, b, s, src, dst, n, ipFlush)
 }
 
 // extHash hashes IPv6 extension headers for the flow key (FNV-1a, 64 bits).
@@ -244,11 +245,10 @@ func extHash(b []byte) uint64 {
 }
 
 // parseL4 checks the TCP (RFC 9293 section 3.1) or UDP (RFC 768) header at
-// s.l4 and fills the rest of s.
-// ipFlush is the IP layer's NAPI_GRO_CB(skb)->flush. src and dst are the IP
-// addresses, for the pseudo-header.
-func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, ipFlush bool) verdict {
-	n := frameLen(p)
+// s.l4 and fills the rest of s. n is frameLen(p); ipFlush is the IP
+// layer's NAPI_GRO_CB(skb)->flush. src and dst are the IP addresses, for the
+// pseudo-header.
+func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ipFlush bool) verdict {
 	if n != p.Len {
 		// A Len that does not add up: nothing to trust.
 		return passOther
