@@ -27,7 +27,7 @@ func (c *collector) Describe(chan<- *prometheus.Desc) {}
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.each(func(name string, v uint64) {
-		typ, help := prometheus.CounterValue, "ustack counter "+name+" (see README.md, Counters)."
+		typ, help := prometheus.CounterValue, "ustack counter "+name+" (see docs/counters.md)."
 		if isGauge(name) {
 			typ = prometheus.GaugeValue
 		}

@@ -110,7 +110,7 @@ type Stats struct {
 }
 
 // EachCounter calls fn for every counter, in a fixed order, named as the
-// README's counter table names them; it is safe to call while the servers
+// docs/counters.md names them; it is safe to call while the servers
 // run.
 func (st *Stats) EachCounter(fn func(name string, v uint64)) {
 	fn("server_conns_refused", st.connsRefused.Load())
