@@ -701,3 +701,39 @@ func TestStatsConcurrentRead(t *testing.T) {
 		t.Errorf("rx_gro_packets: got %d, want %d", got, want)
 	}
 }
+
+// TestMaxSKBFrags: skb_gro_receive moves a segment's frags onto the last
+// packet of the chain (NAPI_GRO_CB(p)->last) while it holds at most
+// MAX_SKB_FRAGS (17); past them the segment goes on the frag_list with its
+// own frag, and the next segments' frags go onto it.
+func TestMaxSKBFrags(t *testing.T) {
+	pool := newPool(t)
+	w := newWire(t, pool)
+	defer w.close()
+	c := &collect{}
+	defer c.release()
+	e := New(Config{}, c)
+	bd := newBuilder()
+	var ins []built
+	for range 40 {
+		// 62-byte payloads on 64-byte strides: one frag each, never
+		// adjacent to the last.
+		b := bd.build(n(62))
+		ins = append(ins, b)
+		e.Receive(b.packet(w, layoutSplit), 0)
+	}
+	e.EndBatch(0)
+	if len(c.got) != 1 {
+		t.Fatalf("packets: got %d, want 1", len(c.got))
+	}
+	var frags []int
+	for q := c.got[0]; q != nil; q = q.Next {
+		frags = append(frags, len(q.Frags))
+	}
+	if want := []int{maxSKBFrags, maxSKBFrags, 40 - 2*maxSKBFrags}; !slices.Equal(frags, want) {
+		t.Errorf("frags per packet of the chain: got %v, want %v", frags, want)
+	}
+	if err := checkMerged(c.got[0], ins); err != nil {
+		t.Error(err)
+	}
+}
