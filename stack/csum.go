@@ -22,10 +22,15 @@ import (
 // Safe for concurrent use (cpumap workers deliver too): mu serializes the
 // checks, which only packets nobody verified take (ARP, bad checksums).
 type csumCheck struct {
-	mu    sync.Mutex
-	buf   []byte           // +checklocks:mu; holds a copy of the frame being checked, grown to the largest frame
-	frame []byte           // +checklocks:mu; the frame last checked, in buf
-	fi    driver.FrameInfo // +checklocks:mu
+	mu sync.Mutex
+	// buf holds a copy of the frame being checked, grown to the largest
+	// frame; frame is the frame last checked, in buf.
+	// +checklocks:mu
+	buf []byte
+	// +checklocks:mu
+	frame []byte
+	// +checklocks:mu
+	fi driver.FrameInfo
 
 	tcp, udp, ip atomic.Uint64 // bad TCP, UDP checksums; bad IPv4 header (and ICMP) checksums
 }
