@@ -386,11 +386,20 @@ func (n *nicState) checksum(h *VirtioNetHdr, frame []byte, fi *FrameInfo) (CsumS
 		st.CsumUnneeded.Add(1)
 		return CsumUnnecessary, DropNone
 	case fi.L3 == L3IPv4 || fi.L3 == L3IPv6:
-		if d := VerifyChecksums(frame, fi, true); d != DropNone {
+		switch d := VerifyChecksums(frame, fi, true); d {
+		case DropNone:
+			st.CsumComplete.Add(1)
+			return CsumComplete, DropNone
+		case DropBadIPCsum, DropBadL4Csum:
+			// mlx5e_handle_csum: a checksum the NIC finds bad is no
+			// drop; the frame goes up as CHECKSUM_NONE (csum_none),
+			// for GRO (skb_gro_checksum_validate) and the stack to
+			// check again, drop and count.
+			st.CsumNone.Add(1)
+			return CsumNone, DropNone
+		default:
 			return 0, d
 		}
-		st.CsumComplete.Add(1)
-		return CsumComplete, DropNone
 	}
 	st.CsumNone.Add(1)
 	return CsumNone, DropNone

@@ -18,7 +18,7 @@ type Stats struct {
 	CsumPartial  atomic.Uint64 // rx_csum_partial: frames trusted by NEEDS_CSUM
 	CsumUnneeded atomic.Uint64 // rx_csum_unnecessary: frames trusted by DATA_VALID
 	CsumComplete atomic.Uint64 // rx_csum_complete: frames whose checksums the NIC model verified
-	CsumNone     atomic.Uint64 // rx_csum_none: frames with no checksum to verify (ARP, ...)
+	CsumNone     atomic.Uint64 // rx_csum_none: frames with no checksum to verify (ARP, ...) or a bad one (CHECKSUM_NONE, as mlx5)
 	TunnelDecap  atomic.Uint64 // rx_tunnel_decap: tunnel frames decapsulated (TunnelConfig)
 	WQEs         atomic.Uint64 // rx_wqes: WQEs (buffers) posted
 	Strides      atomic.Uint64 // rx_strides: strides consumed

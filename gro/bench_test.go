@@ -2,10 +2,10 @@ package gro
 
 import (
 	"fmt"
+	"github.com/ustack/ustack/internal/testutil"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
-	"github.com/ustack/ustack/internal/testutil"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -100,30 +100,46 @@ func TestNoAllocs(t *testing.T) {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, wl := range workloads() {
-		t.Run(wl.name, func(t *testing.T) {
-			pool := testutil.NewPoisonPool(t)
-			tm := newTemplates(t, pool, wl)
-			defer tm.release()
-			r := &releaser{}
-			e := New(Config{}, r)
-			i := 0
-			batch := func() {
-				for range 45 {
-					e.Receive(tm.clone(i), 0)
-					i = (i + 1) % len(tm.pkts)
-				}
-				e.EndBatch(0)
+		for _, none := range []bool{false, true} {
+			name := wl.name
+			if none {
+				// CHECKSUM_NONE: GRO checksums each in software.
+				name += "/csum-none"
 			}
-			for range 100 {
-				batch() // warm the caches
-			}
-			if got := testing.AllocsPerRun(100, batch); got != 0 {
-				t.Errorf("allocations per batch of 45: got %v, want 0", got)
-			}
-			if e.Stats().SKBs.Load() == 0 {
-				t.Errorf("rx_gro_skbs: got 0, want merges")
-			}
-		})
+			t.Run(name, func(t *testing.T) { noAllocs(t, wl, none) })
+		}
+	}
+}
+
+// noAllocs checks that a batch of wl allocates nothing; with none the
+// packets come as CHECKSUM_NONE.
+func noAllocs(t *testing.T, wl workload, none bool) {
+	pool := newPool(t)
+	tm := newTemplates(t, pool, wl)
+	defer tm.release()
+	r := &releaser{}
+	e := New(Config{}, r)
+	i := 0
+	batch := func() {
+		for range 45 {
+			p := tm.clone(i)
+			p.CsumVerified = p.CsumVerified && !none
+			e.Receive(p, 0)
+			i = (i + 1) % len(tm.pkts)
+		}
+		e.EndBatch(0)
+	}
+	for range 100 {
+		batch() // warm the caches
+	}
+	if got := testing.AllocsPerRun(100, batch); got != 0 {
+		t.Errorf("allocations per batch of 45: got %v, want 0", got)
+	}
+	if e.Stats().SKBs.Load() == 0 {
+		t.Errorf("rx_gro_skbs: got 0, want merges")
+	}
+	if none && e.Stats().CsumSoftware.Load() == 0 {
+		t.Errorf("rx_gro_csum_sw: got 0, want checksums verified in software")
 	}
 }
 

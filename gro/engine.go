@@ -15,6 +15,10 @@ const (
 	numBuckets     = 1 << numBucketsLog2 // GRO_HASH_BUCKETS
 	bucketCap      = 8                   // MAX_GRO_SKBS: held packets per bucket
 	maxUDPSegs     = 64                  // UDP_GRO_CNT_MAX: bounds a UDP train's truesize
+	// maxSKBFrags is MAX_SKB_FRAGS (CONFIG_MAX_SKB_FRAGS, 17 by default
+	// and on the machine this models): the frags one packet of a merged
+	// chain holds before skb_gro_receive goes on in the frag_list.
+	maxSKBFrags = 17
 	// maxIPLen bounds a merged packet's IP length: the IPv4 total length
 	// field, and GRO_LEGACY_MAX_SIZE (65536, exclusive) for IPv6, which
 	// the kernel only exceeds with BIG TCP jumbograms.
@@ -52,11 +56,11 @@ type entry struct {
 
 	l4      int    // offset of the L4 header
 	ipLen   int    // IP length of the merged packet so far
-	mss     int    // the head's payload length: the gso_size
+	mss     int    // the head's payload length, or its gso_size if it is a GSO packet
 	segs    int    // wire frames merged, head included
 	nextSeq uint32 // TCP: sequence number the next segment must carry
 	id      uint16 // IPv4: the head's identification
-	fixedID bool   // IPv4: the ID stays fixed (DF set), decided by the second segment
+	fixedID bool   // IPv4: the ID stays fixed, decided by the second segment
 	flags   uint8  // TCP: FIN and PSH of merged segments, set in the head at flush
 	v6      bool
 	proto   uint8
@@ -71,7 +75,8 @@ type bucket struct {
 // find returns the index of the entry of flow k, or -1.
 func (b *bucket) find(k *flowKey) int {
 	for i := 0; i < b.n; i++ {
-		if o := &b.ents[i].key; o.e == k.e && o.a == k.a && o.b == k.b && o.c == k.c && o.d == k.d {
+		if o := &b.ents[i].key; o.e == k.e && o.a == k.a && o.b == k.b && o.c == k.c && o.d == k.d &&
+			o.f == k.f && o.g == k.g && o.h == k.h {
 			return i
 		}
 	}
@@ -111,17 +116,21 @@ func (e *Engine) Held() int { return e.held }
 
 // Receive takes ownership of p: one frame, or an LRO super-frame. It merges
 // p into a held packet of its flow, holds it as the head of a new one, or
-// hands it up at once (not TCP or UDP, not mergeable); it never reorders the
-// packets of one flow. now is a monotonic clock in ns, the same clock that
-// EndBatch and FlushOlderThan are given.
+// hands it up at once (not TCP or UDP, not mergeable), as dev_gro_receive
+// does. A packet of a held flow that the kernel's GRO hands up without
+// looking the flow up (IP options, a fragment, a bad checksum) goes up ahead
+// of the held packet, as in the kernel; any other flushes the held packet
+// first. now is a monotonic clock in ns, the same clock that EndBatch and
+// FlushOlderThan are given.
 func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 	var s segInfo
 	switch parse(p, &s) {
 	case passOther:
-		e.pass(p)
-		return
-	case passAddrs:
-		e.flushAddrs(&s.key)
+		// Up at once, ahead of whatever is held, as dev_gro_receive's
+		// GRO_NORMAL for a packet no gro_receive looked up.
+		if s.csum == csumBad {
+			e.stats.CsumBad.Add(1)
+		}
 		e.pass(p)
 		return
 	case passFlow:
@@ -131,6 +140,9 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		}
 		e.pass(p)
 		return
+	}
+	if s.csum == csumGood {
+		e.stats.CsumSoftware.Add(1)
 	}
 	b := &e.buckets[s.key.bucket()]
 	if i := b.find(&s.key); i >= 0 {
@@ -149,9 +161,13 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 			return
 		}
 	}
-	if s.payload == 0 || s.flags&(tcpURG|tcpPSH|tcpRST|tcpSYN|tcpFIN) != 0 {
-		// tcp_gro_receive with no held packet: an empty segment, or one
-		// whose flags end a train, goes up on its own.
+	if s.payload == 0 || s.flags&(tcpURG|tcpPSH|tcpRST|tcpSYN|tcpFIN) != 0 ||
+		(s.gsoSize > 0 && s.payload != s.segs*s.gsoSize) {
+		// tcp_gro_receive's out_check_final with no packet it merged
+		// into: an empty segment, one whose flags end a train, or a GSO
+		// packet whose last segment is short ("len !=
+		// NAPI_GRO_CB(skb)->count * skb_shinfo(skb)->gso_size") goes up
+		// on its own.
 		e.pass(p)
 		return
 	}
@@ -199,6 +215,10 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 	if b.n == bucketCap {
 		e.flush(b, 0, flushEvict)
 	}
+	mss := s.payload // dev_gro_receive: "skb_shinfo(skb)->gso_size = skb_gro_len(skb)"
+	if s.gsoSize > 0 {
+		mss = s.gsoSize
+	}
 	b.ents[b.n] = entry{
 		head:    p,
 		tail:    p,
@@ -206,8 +226,8 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 		born:    now,
 		l4:      s.l4,
 		ipLen:   s.hlen - header.EthernetMinimumSize + s.payload,
-		mss:     s.payload,
-		segs:    1,
+		mss:     mss,
+		segs:    s.segs,
 		nextSeq: s.seq + uint32(s.payload),
 		id:      s.id,
 		v6:      s.v6,
@@ -224,41 +244,59 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 // mergeTCP is tcp_gro_receive for a segment of ent's flow. merged reports
 // that p now belongs to ent; done that ent must be flushed (after the merge
 // when merged, else before p is handled as a new packet), for reason why.
+// Each flush condition is one of tcp_gro_receive's "flush |=" lines.
 func (e *Engine) mergeTCP(ent *entry, p *bufpool.Packet, s *segInfo) (merged, done bool, why flushReason) {
 	h, n := ent.head.Linear, p.Linear
 	l4 := s.l4
 	if s.flags&tcpCWR != 0 {
+		// "flush = (__force int)(flags & TCP_FLAG_CWR)".
 		return false, true, flushFlags
 	}
 	if diff := (be32(n[l4+12:]) ^ be32(h[l4+12:])) &^ flagWordMergeable; diff != 0 {
-		// Flags (SYN, RST, URG, ECE, ACK, AE) differ, or the data
-		// offset or the window does.
+		// "(flags ^ tcp_flag_word(th2)) & ~(TCP_FLAG_FIN |
+		// TCP_FLAG_PSH)": flags (SYN, RST, URG, ECE, CWR, ACK, AE)
+		// differ, or the data offset or the window does.
 		if diff&flagWordFlags != 0 {
 			return false, true, flushFlags
 		}
 		return false, true, flushMismatch
 	}
-	if be32(n[l4+8:]) != be32(h[l4+8:]) || // ACK number
-		s.payload == 0 || s.payload > ent.mss || s.seq != ent.nextSeq ||
-		!e.sameNet(ent, h, n, s) {
+	if be32(n[l4+8:]) != be32(h[l4+8:]) { // "th->ack_seq ^ th2->ack_seq"
 		return false, true, flushMismatch
 	}
 	for i := l4 + tcpMinHdrLen; i < s.hlen; i += 4 {
-		// Options, byte for byte (the data offset is equal, and a
+		// The options, byte for byte (the data offset is equal, and a
 		// multiple of 4).
 		if be32(n[i:]) != be32(h[i:]) {
 			return false, true, flushMismatch
 		}
 	}
-	if ent.ipLen+s.payload > e.maxSize || !e.append(ent, p, s) {
+	if !e.sameNet(ent, h, n, s) { // gro_receive_network_flush
+		return false, true, flushMismatch
+	}
+	if s.gsoSize > 0 {
+		// "flush |= (mss != skb_shinfo(skb)->gso_size)".
+		if s.gsoSize != ent.mss {
+			return false, true, flushMismatch
+		}
+	} else if s.payload == 0 || s.payload > ent.mss { // "(len - 1) >= mss"
+		return false, true, flushMismatch
+	}
+	if s.seq != ent.nextSeq { // "(ntohl(th2->seq) + skb_gro_len(p)) ^ ntohl(th->seq)"
+		return false, true, flushMismatch
+	}
+	if ent.ipLen+s.payload > e.maxSize {
+		// skb_gro_receive: "p->len + len >= netif_get_gro_max_size()".
 		return false, true, flushFull
 	}
+	e.append(ent, p, s)
 	ent.nextSeq += uint32(s.payload)
 	ent.flags |= s.flags & (tcpFIN | tcpPSH)
+	// out_check_final.
 	switch {
 	case s.flags&(tcpFIN|tcpPSH) != 0:
 		return true, true, flushFlags
-	case s.payload < ent.mss:
+	case s.gsoSize > 0 && s.payload != s.segs*s.gsoSize, s.gsoSize == 0 && s.payload < ent.mss:
 		return true, true, flushShort
 	}
 	return true, false, 0
@@ -268,42 +306,45 @@ func (e *Engine) mergeTCP(ent *entry, p *bufpool.Packet, s *segInfo) (merged, do
 // datagram as long as the first is merged; a shorter one is merged and ends
 // the train; a longer one ends the train and starts the next.
 func (e *Engine) mergeUDP(ent *entry, p *bufpool.Packet, s *segInfo) (merged, done bool, why flushReason) {
+	// "if (ulen > ntohs(uh2->len) || flush)": gro_receive_network_flush.
 	if s.payload > ent.mss || !e.sameNet(ent, ent.head.Linear, p.Linear, s) {
 		return false, true, flushMismatch
 	}
-	if ent.ipLen+s.payload > e.maxSize || !e.append(ent, p, s) {
+	if ent.ipLen+s.payload > e.maxSize { // skb_gro_receive's size limit
 		return false, true, flushFull
 	}
+	e.append(ent, p, s)
 	switch {
-	case s.payload < ent.mss:
+	case s.payload < ent.mss: // "ulen != ntohs(uh2->len)"
 		return true, true, flushShort
-	case ent.segs >= maxUDPSegs:
+	case ent.segs >= maxUDPSegs: // "NAPI_GRO_CB(p)->count >= UDP_GRO_CNT_MAX"
 		return true, true, flushFull
 	}
 	return true, false, 0
 }
 
-// sameNet reports whether segment n (parsed into s) may join ent by its
-// Ethernet and IP headers (inet_gro_flush, ipv6_gro_flush): same Ethernet
-// header; IPv4: same TTL, TOS and DF, and an ID that goes up by one per
-// segment, or stays fixed with DF set as decided by the second segment;
-// IPv6: same traffic class, flow label and hop limit. It records the
-// ID pattern when it is decided.
+// sameNet reports whether segment n (parsed into s) may join ent by its IP
+// header: gro_receive_network_flush, which is inet_gro_flush for IPv4 (the
+// same TTL, TOS and DF, and an ID that goes up by one per segment or stays
+// fixed, as the second segment decides, DF or not) and ipv6_gro_flush for
+// IPv6 (the same traffic class and hop limit; the flow label is part of the
+// flow). It records the ID pattern when it is decided.
 func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
-	if be64(h) != be64(n) || be32(h[8:]) != be32(n[8:]) || be16(h[12:]) != be16(n[12:]) {
-		// The Ethernet header (compare_ether_header).
-		return false
-	}
+	const ip = header.EthernetMinimumSize
 	if ent.v6 {
-		// Version, traffic class and flow label; hop limit.
-		return (be32(h[header.EthernetMinimumSize:])^be32(n[header.EthernetMinimumSize:]))&0x0fffffff == 0 && h[header.EthernetMinimumSize+7] == n[header.EthernetMinimumSize+7]
+		// "first_word & htonl(0x0FF00000)", "iph->hop_limit ^
+		// iph2->hop_limit".
+		return (be32(h[ip:])^be32(n[ip:]))&0x0ff00000 == 0 && h[ip+7] == n[ip+7]
 	}
-	const tos, flags, ttl, df = header.EthernetMinimumSize + 1, header.EthernetMinimumSize + 6, header.EthernetMinimumSize + 8, 0x40
+	const tos, flags, ttl, df = ip + 1, ip + 6, ip + 8, 0x40
 	if h[tos] != n[tos] || h[ttl] != n[ttl] || (h[flags]^n[flags])&df != 0 {
 		return false
 	}
+	// "if (count == 1 && !ipid_offset) NAPI_GRO_CB(p)->ip_fixedid |= 1";
+	// "return ipid_offset ^ (count * !NAPI_GRO_CB(p)->ip_fixedid)". count
+	// counts the segments merged so far, a GSO packet's all of them.
 	off := s.id - ent.id
-	if ent.segs == 1 && n[flags]&df != 0 && off == 0 {
+	if ent.segs == 1 && off == 0 {
 		ent.fixedID = true
 	}
 	if ent.fixedID {
@@ -312,56 +353,68 @@ func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
 	return off == uint16(ent.segs)
 }
 
-// append moves p's payload to ent: by frags when p's linear part holds only
-// its headers, else by chaining p. It reports false, leaving p and ent as
-// they were, when the frags do not fit. On success p belongs to ent (its
-// shell is released when its frags moved) and ent's counts include it.
-func (e *Engine) append(ent *entry, p *bufpool.Packet, s *segInfo) bool {
+// append moves p's payload to ent as skb_gro_receive does: by frags, onto
+// the last packet of ent's chain (NAPI_GRO_CB(p)->last), when p's linear
+// part holds only its headers and the frags fit in that packet's
+// MAX_SKB_FRAGS; else by chaining p on the frag_list, where it becomes the
+// last packet. p then belongs to ent (its shell is released when its frags
+// moved) and ent's counts include it.
+func (e *Engine) append(ent *entry, p *bufpool.Packet, s *segInfo) {
 	t := ent.tail
-	// skb_gro_receive's head_frag branch: a linear part holding payload
-	// that is a head frag (built over its RX buffer) gives its payload,
-	// in its page, as a frag ahead of p's own frags, if they all fit;
-	// else p goes to the frag_list.
-	headFrag := p.Head != nil && len(p.Linear) > s.hlen && len(t.Frags)+1+len(p.Frags) <= cap(t.Frags)
-	if len(p.Linear) == s.hlen || headFrag {
-		frags := p.Frags
-		var last *bufpool.Frag
-		if headFrag {
-			t.Frags = append(t.Frags, p.TakeHead(s.hlen))
-		} else if len(t.Frags) > 0 && len(frags) > 0 {
-			l := &t.Frags[len(t.Frags)-1]
-			if l.Page == frags[0].Page && l.Off+l.Len == frags[0].Off {
-				last = l
-			}
-		}
-		need := len(frags)
-		if last != nil {
-			need--
-		}
-		if len(t.Frags)+need > cap(t.Frags) {
-			return false
-		}
-		if last != nil {
-			// Both frags hold a reference on the page: keep one.
-			last.Len += frags[0].Len
-			frags[0].Page.DecRef()
-			frags = frags[1:]
-		}
-		t.Frags = append(t.Frags, frags...)
-		t.Len += s.payload
-		// The references moved to t: release p's shell without them.
-		clear(p.Frags)
-		p.Frags = p.Frags[:0]
-		p.Release()
+	headFrag := p.Head != nil && len(p.Linear) > s.hlen &&
+		len(t.Frags)+1+len(p.Frags) <= min(maxSKBFrags, cap(t.Frags))
+	if len(p.Linear) == s.hlen && moveFrags(t, p, s) {
+		// "if (headlen <= offset)": the frags moved.
+	} else if headFrag {
+		// "else if (skb->head_frag)": a linear part holding payload
+		// that is a head frag (built over its RX buffer) gives its
+		// payload, in its page, as a frag ahead of p's own frags
+		// (NAPI_GRO_FREE_STOLEN_HEAD); they fit, checked above.
+		t.Frags = append(t.Frags, p.TakeHead(s.hlen))
+		moveFrags(t, p, s)
 	} else {
-		// The slow way (skb_gro_receive's frag_list): p keeps its
-		// headers; the consumer skips HdrLen bytes of it.
+		// The slow way (skb_gro_receive's merge: label, the frag_list):
+		// p keeps its headers; the consumer skips HdrLen bytes of it.
 		t.Next = p
 		ent.tail = p
 		e.stats.FragList.Add(1)
 	}
-	ent.segs++
+	ent.segs += s.segs
 	ent.ipLen += s.payload
+}
+
+// moveFrags moves p's frags onto t, coalescing the first into t's last if
+// it continues it on the same page, and releases p's shell. It reports
+// false, leaving both as they were, when t would hold more than
+// MAX_SKB_FRAGS frags ("if (nr_frags > MAX_SKB_FRAGS) goto merge").
+func moveFrags(t, p *bufpool.Packet, s *segInfo) bool {
+	frags := p.Frags
+	var last *bufpool.Frag
+	if len(t.Frags) > 0 && len(frags) > 0 {
+		l := &t.Frags[len(t.Frags)-1]
+		if l.Page == frags[0].Page && l.Off+l.Len == frags[0].Off {
+			last = l
+		}
+	}
+	need := len(frags)
+	if last != nil {
+		need--
+	}
+	if len(t.Frags)+need > maxSKBFrags || len(t.Frags)+need > cap(t.Frags) {
+		return false
+	}
+	if last != nil {
+		// Both frags hold a reference on the page: keep one.
+		last.Len += frags[0].Len
+		frags[0].Page.DecRef()
+		frags = frags[1:]
+	}
+	t.Frags = append(t.Frags, frags...)
+	t.Len += s.payload
+	// The references moved to t: release p's shell without them.
+	clear(p.Frags)
+	p.Frags = p.Frags[:0]
+	p.Release()
 	return true
 }
 
@@ -394,21 +447,6 @@ func (e *Engine) flushOlder(age, now int64, why flushReason) {
 		for i := 0; i < b.n; {
 			if now-b.ents[i].born >= age {
 				e.flush(b, i, why)
-			} else {
-				i++
-			}
-		}
-	}
-}
-
-// flushAddrs hands up the held packets of k's address pair (and protocol,
-// if k names one), for a packet whose ports are unknown.
-func (e *Engine) flushAddrs(k *flowKey) {
-	for bi := range e.buckets {
-		b := &e.buckets[bi]
-		for i := 0; i < b.n; {
-			if k.sameAddrs(&b.ents[i].key) {
-				e.flush(b, i, flushMismatch)
 			} else {
 				i++
 			}

@@ -25,16 +25,19 @@ type rule struct {
 	// want lists the delivered packets, each as the indices of the frames
 	// it holds in order. Packets delivered before EndBatch must come in
 	// this order; the last held ones, handed up by EndBatch, in any order.
-	want   [][]int
-	wantBy map[layout][][]int // overrides want for a layout
-	held   int                // Held() before EndBatch
-	stats  map[string]uint64  // counters that must have these values
+	want    [][]int
+	wantBy  map[layout][][]int           // overrides want for a layout
+	held    int                          // Held() before EndBatch
+	stats   map[string]uint64            // counters that must have these values
+	statsBy map[layout]map[string]uint64 // adds to stats for a layout
 }
 
 func n(k int) seg                         { return seg{n: k} }
 func fl(k int, f header.TCPFlags) seg     { return seg{n: k, flags: f} }
 func udp(k int) seg                       { return seg{n: k, udp: true} }
 func ids(k int, id uint16, noDF bool) seg { return seg{n: k, id: id, setID: true, noDF: noDF} }
+func gso(k int, size, id uint16) seg      { return seg{n: k, lro: size, id: id, setID: true} }
+func fixed(s seg) seg                     { s.id, s.setID = 7, true; return s }
 func rep(c int, s seg) []seg              { return slices.Repeat([]seg{s}, c) }
 func cat(ss ...[]seg) []seg               { return slices.Concat(ss...) }
 func one(s ...seg) []seg                  { return s }
@@ -86,8 +89,12 @@ func ruleCases(v6 bool) []rule {
 			want: [][]int{{0}, {1}, {2}}, held: 1, stats: st("rx_gro_flush_flags", 1, "rx_gro_passthrough", 1)},
 		{name: "URG is not merged and flushes", segs: one(n(1000), fl(1000, header.TCPFlagUrg), n(1000)),
 			want: [][]int{{0}, {1}, {2}}, held: 1, stats: st("rx_gro_flush_flags", 1, "rx_gro_passthrough", 1)},
-		{name: "CWR flushes and starts a train", segs: one(n(1000), fl(1000, header.TCPFlagCwr), n(1000)),
-			want: [][]int{{0}, {1, 2}}, held: 1, stats: st("rx_gro_flush_flags", 1)},
+		// tcp_gro_receive: "flags & TCP_FLAG_CWR" flushes, and a segment
+		// without CWR after a held one with it differs in its flags.
+		{name: "CWR flushes and is held alone", segs: one(n(1000), fl(1000, header.TCPFlagCwr), n(1000)),
+			want: [][]int{{0}, {1}, {2}}, held: 1, stats: st("rx_gro_flush_flags", 2)},
+		{name: "CWR after CWR flushes", segs: one(n(1000), fl(1000, header.TCPFlagCwr), fl(1000, header.TCPFlagCwr)),
+			want: [][]int{{0}, {1}, {2}}, held: 1, stats: st("rx_gro_flush_flags", 2)},
 		{name: "ECE change flushes", segs: one(n(1000), fl(1000, header.TCPFlagEce), fl(1000, header.TCPFlagEce)),
 			want: [][]int{{0}, {1, 2}}, held: 1, stats: st("rx_gro_flush_flags", 1)},
 		{name: "window change flushes", segs: one(n(1000), seg{n: 1000, window: 8192}),
@@ -113,18 +120,27 @@ func ruleCases(v6 bool) []rule {
 			want: [][]int{{0}, {1}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
 		{name: "ECN CE mark flushes", segs: one(n(1000), seg{n: 1000, tos: 0x03}, seg{n: 1000, tos: 0x03}),
 			want: [][]int{{0}, {1, 2}}, held: 1},
-		{name: "MAC change flushes", segs: one(n(1000), seg{n: 1000, mac: 7}),
-			want: [][]int{{0}, {1}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
-		{name: "IP options or extension header go up and flush the flow", segs: one(n(1000), seg{n: 1000, ipOpts: true}, seg{n: 1000, ipOpts: true}, n(1000)),
-			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_flush_mismatch", 1, "rx_gro_passthrough", 2)},
-		{name: "fragment goes up and flushes its address pair", segs: one(n(1000), seg{n: 1000, frag: true, sport: 7}, seg{n: 1000, frag: true, sport: 7}, n(1000)),
-			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_flush_mismatch", 1, "rx_gro_passthrough", 2)},
-		{name: "fragment of another address pair flushes nothing", segs: one(n(1000), seg{n: 1000, frag: true, src: 9}, n(1000)),
+		// gro_list_prepare: another Ethernet header is another flow,
+		// held beside the first.
+		{name: "MAC change is another flow", segs: one(n(1000), seg{n: 1000, mac: 7}),
+			want: [][]int{{0}, {1}}, held: 2, stats: st("rx_gro_flush_mismatch", 0)},
+		{name: "fragment goes up ahead of the held packet", segs: one(n(1000), seg{n: 1000, frag: true}, seg{n: 1000, frag: true}, n(1000)),
+			want: [][]int{{1}, {2}, {0}, {3}}, held: 1, stats: st("rx_gro_flush_mismatch", 1, "rx_gro_passthrough", 2)},
+		{name: "fragment of another flow flushes nothing", segs: one(n(1000), seg{n: 1000, frag: true, sport: 7}, n(1000)),
 			want: [][]int{{1}, {0, 2}}, held: 1, stats: st("rx_gro_flush_mismatch", 0)},
-		{name: "unverified checksum goes up and flushes the flow", segs: one(n(1000), seg{n: 1000, unver: true}, seg{n: 1000, unver: true}, n(1000)),
-			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
+		// skb_gro_checksum_validate: a CHECKSUM_NONE packet is
+		// verified in software and merges as a verified one.
+		{name: "unverified checksum is verified in software and merges", segs: one(n(1000), seg{n: 1000, unver: true}, seg{n: 1000, unver: true}, n(1000)),
+			want: [][]int{{0, 1, 2, 3}}, held: 1, stats: st("rx_gro_csum_sw", 2, "rx_gro_csum_bad", 0)},
+		// gro.c "changed checksum does not coalesce": a bad checksum
+		// goes up unmerged at once, ahead of the held packet of its flow
+		// (tcp4_gro_receive: "goto flush" before tcp_gro_receive).
+		{name: "bad TCP checksum goes up ahead of the held packet", segs: one(n(1000), seg{n: 1000, unver: true, badL4: true}, n(1000)),
+			want: [][]int{{1}, {0}, {2}}, held: 1, stats: st("rx_gro_csum_bad", 1, "rx_gro_passthrough", 1, "rx_gro_flush_mismatch", 1)},
+		{name: "bad checksum of a verified packet is not looked at", segs: one(n(1000), seg{n: 1000, badL4: true}),
+			want: [][]int{{0, 1}}, held: 1, stats: st("rx_gro_csum_bad", 0)},
 		{name: "unverified checksum of another flow flushes nothing", segs: one(n(1000), seg{n: 1000, unver: true, sport: 2000}, n(1000)),
-			want: [][]int{{1}, {0, 2}}, held: 1, stats: st("rx_gro_passthrough", 1, "rx_gro_flush_mismatch", 0)},
+			want: [][]int{{0, 2}, {1}}, held: 2, stats: st("rx_gro_passthrough", 0, "rx_gro_flush_mismatch", 0)},
 		{name: "ARP goes up and flushes nothing", segs: one(n(1000), seg{arp: true}, n(1000)),
 			want: [][]int{{1}, {0, 2}}, held: 1, stats: st("rx_gro_passthrough", 1)},
 		{name: "ICMP goes up and flushes nothing", segs: one(n(1000), seg{icmp: true, n: 56}, n(1000)),
@@ -137,15 +153,34 @@ func ruleCases(v6 bool) []rule {
 			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
 		{name: "HdrLen other than the headers goes up", segs: one(n(1000), seg{n: 1000, hdrAdj: 4}, seg{n: 1000, hdrAdj: 4}, n(1000)),
 			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
-		{name: "LRO super-frame goes up and flushes its flow", segs: one(n(1000), seg{n: 3000, lro: 1000}, seg{n: 3000, lro: 1000}, n(1000)),
-			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2, "rx_gro_flush_mismatch", 1)},
+		// tcp_gro_receive merges GSO (LRO) packets of the held packet's
+		// gso_size. An LRO packet carries its first segment's IPv4 ID,
+		// and inet_gro_flush counts its segments. Counts are wire
+		// frames: 1 + 3 + 3 + 1.
+		{name: "GSO packets of equal gso_size merge", segs: one(ids(1000, 7, false), gso(3000, 1000, 8), gso(3000, 1000, 11), ids(1000, 14, false)),
+			want: [][]int{{0, 1, 2, 3}}, held: 1, stats: st("rx_gro_packets", 8, "rx_gro_segs_hist_8_15", 1)},
+		{name: "GSO packet of another gso_size flushes and is held", segs: one(ids(1000, 7, false), gso(3000, 1500, 8), ids(1000, 10, false)),
+			want: [][]int{{0}, {1, 2}}, held: 0, stats: st("rx_gro_flush_mismatch", 1, "rx_gro_flush_short", 1, "rx_gro_packets", 3)},
+		{name: "GSO packet as head holds its gso_size", segs: one(gso(3000, 1000, 7), ids(1000, 10, false), ids(1000, 11, false)),
+			want: [][]int{{0, 1, 2}}, held: 1, stats: st("rx_gro_packets", 5)},
+		{name: "GSO packet with a short last segment merges and ends the train", segs: one(ids(1000, 7, false), gso(2500, 1000, 8)),
+			want: [][]int{{0, 1}}, held: 0, stats: st("rx_gro_flush_short", 1, "rx_gro_packets", 4)},
+		{name: "GSO packet with a short last segment goes up alone", segs: one(seg{n: 2500, lro: 1000}),
+			want: [][]int{{0}}, held: 0, stats: st("rx_gro_passthrough", 1)},
 		{name: "MaxSize ends a packet", cfg: Config{MaxSize: 3000}, segs: rep(4, n(1000)),
 			want: [][]int{{0, 1}, {2, 3}}, held: 1, stats: st("rx_gro_flush_full", 1)},
+		// With header/data split, 1448-byte payloads on 64-byte strides
+		// take 62 frags: 17 per packet of the chain (MAX_SKB_FRAGS),
+		// then 3 more packets on the frag_list.
 		{name: "IP length stops at 65535", segs: rep(46, n(1448)),
-			want: [][]int{span(0, 45), {45}}, held: 1, stats: st("rx_gro_flush_full", 1, "rx_gro_segs_hist_32_63", 1)},
-		{name: "full frags end a packet", segs: rep(100, n(small)),
+			want: [][]int{span(0, 45), {45}}, held: 1, stats: st("rx_gro_flush_full", 1, "rx_gro_segs_hist_32_63", 1),
+			statsBy: map[layout]map[string]uint64{layoutSplit: st("rx_gro_frag_list", 3)}},
+		// skb_gro_receive: "if (nr_frags > MAX_SKB_FRAGS) goto merge",
+		// and the frags go on in the frag_list's last packet: 100
+		// one-frag payloads make 6 packets of at most 17 frags.
+		{name: "MAX_SKB_FRAGS then frag_list", segs: rep(100, n(small)),
 			want: [][]int{span(0, 100)}, held: 1,
-			wantBy: map[layout][][]int{layoutSplit: {span(0, bufpool.MaxFrags), span(bufpool.MaxFrags, 100)}}},
+			statsBy: map[layout]map[string]uint64{layoutSplit: st("rx_gro_frag_list", 5)}},
 
 		{name: "UDP datagrams of one size merge", segs: rep(4, udp(500)), want: [][]int{{0, 1, 2, 3}}, held: 1},
 		{name: "UDP shorter datagram is merged and ends the train", segs: one(udp(500), udp(500), udp(200)),
@@ -153,9 +188,18 @@ func ruleCases(v6 bool) []rule {
 		{name: "UDP longer datagram starts a train", segs: one(udp(500), udp(500), udp(800), udp(800)),
 			want: [][]int{{0, 1}, {2, 3}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
 		{name: "UDP train ends at 64 datagrams", segs: rep(70, udp(100)),
-			want: [][]int{span(0, 64), span(64, 70)}, held: 1, stats: st("rx_gro_flush_full", 1, "rx_gro_segs_hist_64_plus", 1)},
-		{name: "UDP empty datagram goes up and flushes the flow", segs: one(udp(500), udp(0), udp(0), udp(500)),
-			want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
+			want: [][]int{span(0, 64), span(64, 70)}, held: 1, stats: st("rx_gro_flush_full", 1, "rx_gro_segs_hist_64_plus", 1),
+			statsBy: map[layout]map[string]uint64{layoutSplit: st("rx_gro_frag_list", 3)}},
+		// udp_gro_receive_segment: "ulen <= sizeof(*uh)" and "!uh->check"
+		// go up at once, ahead of the held datagrams.
+		{name: "UDP empty datagram goes up ahead of the held ones", segs: one(fixed(udp(500)), fixed(udp(0)), fixed(udp(0)), fixed(udp(500))),
+			want: [][]int{{1}, {2}, {0, 3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
+		{name: "UDP checksum 0 goes up ahead of the held ones", segs: one(fixed(udp(500)), fixed(seg{udp: true, n: 500, csum0: true}), fixed(seg{udp: true, n: 500, csum0: true}), fixed(udp(500))),
+			want: [][]int{{1}, {2}, {0, 3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
+		{name: "UDP unverified checksum is verified in software", segs: one(udp(500), seg{udp: true, n: 500, unver: true}, udp(500)),
+			want: [][]int{{0, 1, 2}}, held: 1, stats: st("rx_gro_csum_sw", 1)},
+		{name: "UDP bad checksum goes up ahead of the held ones", segs: one(fixed(udp(500)), fixed(seg{udp: true, n: 500, unver: true, badL4: true}), fixed(udp(500))),
+			want: [][]int{{1}, {0, 2}}, held: 1, stats: st("rx_gro_csum_bad", 1, "rx_gro_passthrough", 1)},
 		{name: "UDP TTL change flushes", segs: one(udp(500), seg{udp: true, n: 500, ttl: 1}),
 			want: [][]int{{0}, {1}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
 		{name: "UDP MaxSize ends a train", cfg: Config{MaxSize: 1100}, segs: rep(4, udp(500)),
@@ -167,8 +211,12 @@ func ruleCases(v6 bool) []rule {
 		rs = append(rs,
 			rule{name: "IPv4 ID fixed with DF merges", segs: one(ids(1000, 7, false), ids(1000, 7, false), ids(1000, 7, false)),
 				want: [][]int{{0, 1, 2}}, held: 1},
-			rule{name: "IPv4 ID fixed without DF flushes", segs: one(ids(1000, 7, true), ids(1000, 7, true)),
-				want: [][]int{{0}, {1}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
+			// inet_gro_flush in 6.18: "if (count == 1 &&
+			// !ipid_offset)", DF or not (gro.c "DF=0, Fixed").
+			rule{name: "IPv4 ID fixed without DF merges", segs: one(ids(1000, 7, true), ids(1000, 7, true), ids(1000, 7, true)),
+				want: [][]int{{0, 1, 2}}, held: 1},
+			rule{name: "IP options go up ahead of the held packet", segs: one(n(1000), seg{n: 1000, ipOpts: true}, seg{n: 1000, ipOpts: true}, n(1000)),
+				want: [][]int{{1}, {2}, {0}, {3}}, held: 1, stats: st("rx_gro_flush_mismatch", 1, "rx_gro_passthrough", 2)},
 			rule{name: "IPv4 ID incrementing without DF merges", segs: rep(3, seg{n: 1000, noDF: true}),
 				want: [][]int{{0, 1, 2}}, held: 1},
 			rule{name: "IPv4 ID fixed then incrementing flushes", segs: one(ids(1000, 7, false), ids(1000, 7, false), ids(1000, 8, false)),
@@ -181,19 +229,27 @@ func ruleCases(v6 bool) []rule {
 				want: [][]int{{0, 1, 2}}, held: 1},
 			rule{name: "IPv4 DF change flushes", segs: one(n(1000), seg{n: 1000, noDF: true}),
 				want: [][]int{{0}, {1}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
-			rule{name: "IPv4 bad header checksum goes up", segs: one(n(1000), seg{n: 1000, badSum: true}, seg{n: 1000, badSum: true}, n(1000)),
+			// inet_gro_receive: ip_fast_csum fails before any flow
+			// is looked up.
+			rule{name: "IPv4 bad header checksum goes up ahead of the held packet", segs: one(n(1000), seg{n: 1000, badSum: true}, seg{n: 1000, badSum: true}, n(1000)),
+				want: [][]int{{1}, {2}, {0}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
+			// inet_gro_receive: "frag_off & ~IP_DF" sets the flush
+			// that tcp_gro_receive turns into a flush of the flow.
+			rule{name: "IPv4 reserved flag flushes the flow and goes up", segs: one(n(1000), seg{n: 1000, evil: true}, seg{n: 1000, evil: true}, n(1000)),
 				want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
-			rule{name: "IPv4 reserved flag goes up", segs: one(n(1000), seg{n: 1000, evil: true}, seg{n: 1000, evil: true}, n(1000)),
-				want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
-			rule{name: "UDP checksum 0 merges over IPv4", segs: rep(3, seg{udp: true, n: 500, csum0: true}),
-				want: [][]int{{0, 1, 2}}, held: 1},
 		)
 	} else {
 		rs = append(rs,
-			rule{name: "IPv6 flow label change flushes", segs: one(n(1000), seg{n: 1000, label: 0x54321}),
+			// ipv6_gro_receive: "first_word & htonl(0xF00FFFFF)":
+			// another flow label is another flow, held beside.
+			rule{name: "IPv6 flow label change is another flow", segs: one(n(1000), seg{n: 1000, label: 0x54321}),
+				want: [][]int{{0}, {1}}, held: 2, stats: st("rx_gro_flush_mismatch", 0)},
+			// A hop-by-hop header is walked (ipv6_gro_pull_exthdrs)
+			// and part of the flow, byte for byte.
+			rule{name: "IPv6 hop-by-hop header is another flow, and merges", segs: one(n(1000), seg{n: 1000, ipOpts: true}, seg{n: 1000, ipOpts: true}, n(1000)),
+				want: [][]int{{0}, {1, 2}, {3}}, held: 2, stats: st("rx_gro_flush_mismatch", 1)},
+			rule{name: "IPv6 hop limit change flushes", segs: one(n(1000), seg{n: 1000, ttl: 9}),
 				want: [][]int{{0}, {1}}, held: 1, stats: st("rx_gro_flush_mismatch", 1)},
-			rule{name: "UDP checksum 0 goes up over IPv6", segs: one(udp(500), seg{udp: true, n: 500, csum0: true}, seg{udp: true, n: 500, csum0: true}, udp(500)),
-				want: [][]int{{0}, {1}, {2}, {3}}, held: 1, stats: st("rx_gro_passthrough", 2)},
 		)
 	}
 	return rs
@@ -290,6 +346,9 @@ func runRule(t *testing.T, r rule, v6 bool, l layout) {
 	}
 	checks := map[string]uint64{"rx_gro_packets": pkts, "rx_gro_skbs": skbs, "rx_gro_frag_list": fragList}
 	for k, v := range r.stats {
+		checks[k] = v
+	}
+	for k, v := range r.statsBy[l] {
 		checks[k] = v
 	}
 	for k, v := range checks {
@@ -551,6 +610,7 @@ func TestStatsNames(t *testing.T) {
 		"rx_gro_segs_hist_16_31", "rx_gro_segs_hist_32_63", "rx_gro_segs_hist_64_plus",
 		"rx_gro_flush_batch_end", "rx_gro_flush_timeout", "rx_gro_flush_full", "rx_gro_flush_flags",
 		"rx_gro_flush_short", "rx_gro_flush_mismatch", "rx_gro_flush_evict", "rx_gro_passthrough",
+		"rx_gro_csum_sw", "rx_gro_csum_bad",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("names:\ngot  %v\nwant %v", got, want)
@@ -629,5 +689,41 @@ func TestStatsConcurrentRead(t *testing.T) {
 	<-read
 	if got, want := e.Stats().Packets.Load(), uint64(20*45); got != want {
 		t.Errorf("rx_gro_packets: got %d, want %d", got, want)
+	}
+}
+
+// TestMaxSKBFrags: skb_gro_receive moves a segment's frags onto the last
+// packet of the chain (NAPI_GRO_CB(p)->last) while it holds at most
+// MAX_SKB_FRAGS (17); past them the segment goes on the frag_list with its
+// own frag, and the next segments' frags go onto it.
+func TestMaxSKBFrags(t *testing.T) {
+	pool := newPool(t)
+	w := newWire(t, pool)
+	defer w.close()
+	c := &collect{}
+	defer c.release()
+	e := New(Config{}, c)
+	bd := newBuilder()
+	var ins []built
+	for range 40 {
+		// 62-byte payloads on 64-byte strides: one frag each, never
+		// adjacent to the last.
+		b := bd.build(n(62))
+		ins = append(ins, b)
+		e.Receive(b.packet(w, layoutSplit), 0)
+	}
+	e.EndBatch(0)
+	if len(c.got) != 1 {
+		t.Fatalf("packets: got %d, want 1", len(c.got))
+	}
+	var frags []int
+	for q := c.got[0]; q != nil; q = q.Next {
+		frags = append(frags, len(q.Frags))
+	}
+	if want := []int{maxSKBFrags, maxSKBFrags, 40 - 2*maxSKBFrags}; !slices.Equal(frags, want) {
+		t.Errorf("frags per packet of the chain: got %v, want %v", frags, want)
+	}
+	if err := checkMerged(c.got[0], ins); err != nil {
+		t.Error(err)
 	}
 }

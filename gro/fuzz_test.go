@@ -315,6 +315,21 @@ func runFuzz(t *testing.T, pool *bufpool.Pool, data []byte) {
 					s.src, s.mac = 9, byte(1+fi)+200
 				}
 			}
+			switch {
+			case s.v6 && s.ipOpts:
+				// A hop-by-hop header: another flow for the kernel's
+				// GRO (ipv6_gro_receive), held beside the first.
+				s.mac = byte(1+fi) + 50
+			case s.v6 && s.label != 0:
+				// Another flow label: the same.
+				s.mac, s.label = byte(1+fi)+60, 0x54321
+			case s.ipOpts || s.frag || s.csum0 || s.badSum || (s.udp && (s.n == 0 || s.pad > 0 || s.short > 4)):
+				// Handed up ahead of what GRO holds of the flow (IP
+				// options, a fragment, a bad checksum, an empty or
+				// checksum-less or padded datagram, ports beyond the
+				// header copy): a stream of its own.
+				s.mac = byte(1+fi) + 70
+			}
 			b := bd.build(s)
 			p := b.packet(w, l)
 			if p.HdrLen < 0 {

@@ -3,11 +3,12 @@ package gro
 import (
 	"bytes"
 	"fmt"
+	"github.com/ustack/ustack/internal/testutil"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
-	"github.com/ustack/ustack/internal/testutil"
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
@@ -44,6 +45,10 @@ type wire struct {
 	page *bufpool.Page
 	off  int
 }
+
+// newPool returns a poisoning pool whose pages testutil's TestMain checks
+// came back.
+func newPool(t testing.TB) *bufpool.Pool { return testutil.NewPoisonPool(t) }
 
 func newWire(t testing.TB, pool *bufpool.Pool) *wire { return &wire{t: t, pool: pool} }
 
@@ -184,6 +189,8 @@ type seg struct {
 	hdrAdj int    // added to HdrLen
 	lro    uint16 // GSOSize of an LRO super-frame
 	unver  bool   // checksums not verified
+	badL4  bool   // TCP or UDP checksum wrong
+	dst6   byte   // IPv6: a destination options header whose option data is this byte (0: none)
 }
 
 // flowID names a test flow for running sequence numbers and IDs.
@@ -282,90 +289,164 @@ func (bd *builder) build(s seg) built {
 		return built{frame: f, hlen: header.EthernetMinimumSize + header.ARPSize, payload: payload, seg: s}
 	}
 
+	// Header lengths.
+	var ipOpts header.IPv4OptionsSerializer
+	var ext header.IPv6ExtHdrSerializer
+	ipLen := header.IPv4MinimumSize
+	if s.v6 {
+		ipLen = header.IPv6MinimumSize
+		if s.ipOpts || s.dst6 != 0 {
+			// A destination options header is written as a hop-by-hop
+			// one of the same size, then retyped below.
+			ext = append(ext, header.IPv6SerializableHopByHopExtHdr{&header.IPv6RouterAlertOption{Value: header.IPv6RouterAlertMLD}})
+		}
+		if s.frag {
+			ext = append(ext, &header.IPv6SerializableFragmentExtHdr{M: true, Identification: 7})
+		}
+		ipLen += ext.Length()
+	} else if s.ipOpts {
+		ipOpts = header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}
+		ipLen += int(ipOpts.Length())
+	}
+	var opts []byte
+	if !s.udp && !s.icmp && !s.noOpts {
+		tsval := s.tsval
+		if tsval == 0 {
+			tsval = 1
+		}
+		opts = make([]byte, 12)
+		header.EncodeNOP(opts)
+		header.EncodeNOP(opts[1:])
+		header.EncodeTSOption(tsval, 2, opts[2:])
+	}
+	l4Len := header.TCPMinimumSize + len(opts)
+	switch {
+	case s.icmp:
+		l4Len = 8
+	case s.udp:
+		l4Len = header.UDPMinimumSize
+	}
+	hlen := header.EthernetMinimumSize + ipLen + l4Len
+	f := make([]byte, hlen+s.n+s.pad)
+	copy(f[hlen:], payload)
+
+	ethType := header.IPv4ProtocolNumber
+	if s.v6 {
+		ethType = header.IPv6ProtocolNumber
+	}
+	header.Ethernet(f).Encode(&header.EthernetFields{
+		SrcAddr: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, mac}),
+		DstAddr: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 0xee}),
+		Type:    ethType,
+	})
+	ip := f[header.EthernetMinimumSize:]
+	l4 := f[header.EthernetMinimumSize+ipLen : hlen+s.n]
 	ttl := s.ttl
 	if ttl == 0 {
 		ttl = 64
 	}
-	fr := testutil.Frame{
-		SrcMAC: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, mac}),
-		DstMAC: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 0xee}),
-		Src:    src, Dst: dst, TTL: ttl, TOS: s.tos,
-		Proto: s.proto(), SrcPort: s.sport, DstPort: 80,
-		Pad: s.pad,
-	}
 	if s.v6 {
-		fr.FlowLabel = s.label
-		if fr.FlowLabel == 0 {
-			fr.FlowLabel = 0x12345
+		label := s.label
+		if label == 0 {
+			label = 0x12345
 		}
-		if s.ipOpts {
-			fr.IPv6Ext = append(fr.IPv6Ext, header.IPv6SerializableHopByHopExtHdr{&header.IPv6RouterAlertOption{Value: header.IPv6RouterAlertMLD}})
-		}
-		if s.frag {
-			fr.IPv6Ext = append(fr.IPv6Ext, &header.IPv6SerializableFragmentExtHdr{M: true, Identification: 7})
+		header.IPv6(ip).Encode(&header.IPv6Fields{
+			TrafficClass:      s.tos,
+			FlowLabel:         label,
+			PayloadLength:     uint16(ipLen - header.IPv6MinimumSize + l4Len + s.n),
+			TransportProtocol: s.proto(),
+			HopLimit:          ttl,
+			SrcAddr:           src,
+			DstAddr:           dst,
+			ExtensionHeaders:  ext,
+		})
+		if s.dst6 != 0 {
+			// Next Header 60; one experimental option (RFC 4727, type
+			// 0x1e: skip if unknown) of 4 bytes of s.dst6.
+			ip[6] = protoDestOpts
+			copy(ip[header.IPv6MinimumSize+2:header.IPv6MinimumSize+8], []byte{0x1e, 4, s.dst6, s.dst6, s.dst6, s.dst6})
 		}
 	} else {
-		fr.ID = fs.id
+		id := fs.id
 		if s.setID {
-			fr.ID = s.id
+			id = s.id
 		}
-		fs.id = fr.ID + 1
+		fs.id = id + 1
+		var flags uint8
 		if !s.noDF {
-			fr.IPFlags |= header.IPv4FlagDontFragment
+			flags |= header.IPv4FlagDontFragment
 		}
 		if s.frag {
-			fr.IPFlags |= header.IPv4FlagMoreFragments
+			flags |= header.IPv4FlagMoreFragments
 		}
 		if s.evil {
-			fr.IPFlags |= 4 // the reserved bit, above DF
+			flags |= 4 // the reserved bit, above DF
 		}
-		if s.ipOpts {
-			fr.IPv4Options = header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}
+		h := header.IPv4(ip)
+		h.Encode(&header.IPv4Fields{
+			TOS:         s.tos,
+			TotalLength: uint16(ipLen + l4Len + s.n),
+			ID:          id,
+			Flags:       flags,
+			TTL:         ttl,
+			Protocol:    uint8(s.proto()),
+			SrcAddr:     src,
+			DstAddr:     dst,
+			Options:     ipOpts,
+		})
+		h.SetChecksum(^h.CalculateChecksum())
+		if s.badSum {
+			h.SetChecksum(h.Checksum() ^ 0x0101)
 		}
 	}
+	xsum := header.PseudoHeaderChecksum(s.proto(), src, dst, uint16(len(l4)))
+	xsum = checksum.Checksum(payload, xsum)
 	var seq uint32
 	switch {
 	case s.icmp:
-		// Frame writes no ICMP header: an echo request's type, then
-		// zeros, lead the payload.
-		icmp := make([]byte, 8, 8+len(payload))
-		icmp[0] = byte(header.ICMPv4Echo)
 		if s.v6 {
-			icmp[0] = byte(header.ICMPv6EchoRequest)
+			header.ICMPv6(l4).SetType(header.ICMPv6EchoRequest)
+		} else {
+			header.ICMPv4(l4).SetType(header.ICMPv4Echo)
 		}
-		fr.Payload = append(icmp, payload...)
 	case s.udp:
-		fr.Payload = payload
-		if s.csum0 {
-			fr.Csum = testutil.CsumZero
+		u := header.UDP(l4)
+		u.Encode(&header.UDPFields{SrcPort: s.sport, DstPort: 80, Length: uint16(len(l4))})
+		if !s.csum0 {
+			c := ^u.CalculateChecksum(xsum)
+			if c == 0 {
+				c = 0xffff
+			}
+			if s.badL4 {
+				c ^= 0x0100
+			}
+			u.SetChecksum(c)
 		}
 	default:
-		fr.Payload = payload
-		if !s.noOpts {
-			tsval := s.tsval
-			if tsval == 0 {
-				tsval = 1
-			}
-			fr.TCPOptions = make([]byte, 12)
-			header.EncodeNOP(fr.TCPOptions)
-			header.EncodeNOP(fr.TCPOptions[1:])
-			header.EncodeTSOption(tsval, 2, fr.TCPOptions[2:])
-		}
 		seq = fs.seq + uint32(s.seqOff)
-		fr.Seq, fr.Ack, fr.Flags, fr.Window = seq, 5000+s.ackOff, header.TCPFlagAck|s.flags, s.window
-		if fr.Window == 0 {
-			fr.Window = 4096
+		win := s.window
+		if win == 0 {
+			win = 4096
+		}
+		t := header.TCP(l4)
+		t.Encode(&header.TCPFields{
+			SrcPort:    s.sport,
+			DstPort:    80,
+			SeqNum:     seq,
+			AckNum:     5000 + s.ackOff,
+			DataOffset: uint8(l4Len),
+			Flags:      header.TCPFlagAck | s.flags,
+			WindowSize: win,
+		})
+		copy(t[header.TCPMinimumSize:], opts)
+		t.SetChecksum(^t.CalculateChecksum(xsum))
+		if s.badL4 {
+			t.SetChecksum(t.Checksum() - 1) // as gro.c's send_changed_checksum
 		}
 		fs.seq = seq + uint32(s.n)
 		if s.flags&(header.TCPFlagSyn|header.TCPFlagFin) != 0 {
 			fs.seq++
 		}
-	}
-	f := fr.Build()
-	hlen := len(f) - s.n - s.pad
-	if s.badSum && !s.v6 {
-		h := header.IPv4(f[fr.L3Off():])
-		h.SetChecksum(h.Checksum() ^ 0x0101)
 	}
 	return built{frame: f, hlen: hlen, payload: payload, seg: s, seq: seq}
 }
@@ -386,6 +467,14 @@ func (b built) packet(w *wire, l layout) *bufpool.Packet {
 		p.GSOSize = b.seg.lro
 	}
 	return p
+}
+
+// segs returns the wire frames b stands for: an LRO super-frame's segments.
+func (b built) segs() int {
+	if l := int(b.seg.lro); l > 0 && b.seg.n > l {
+		return (b.seg.n + l - 1) / l
+	}
+	return 1
 }
 
 // checkMerged checks a delivered packet built from the frames ins (in
@@ -414,10 +503,17 @@ func checkMerged(p *bufpool.Packet, ins []built) error {
 		return fmt.Errorf("payload: got %d bytes, want %d (or contents differ)", len(got), len(want))
 	}
 	first := ins[0]
-	if got, want := int(p.Segs), len(ins); got != want {
+	wantSegs, wantGSO := 0, len(first.payload)
+	for _, in := range ins {
+		wantSegs += in.segs()
+	}
+	if first.segs() > 1 {
+		wantGSO = int(first.seg.lro)
+	}
+	if got, want := int(p.Segs), wantSegs; got != want {
 		return fmt.Errorf("Segs: got %d, want %d", got, want)
 	}
-	if got, want := int(p.GSOSize), len(first.payload); got != want {
+	if got, want := int(p.GSOSize), wantGSO; got != want {
 		return fmt.Errorf("GSOSize: got %d, want %d", got, want)
 	}
 	chainHdrs := 0

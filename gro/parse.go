@@ -2,7 +2,9 @@ package gro
 
 import (
 	"encoding/binary"
+	"math/bits"
 
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -52,26 +54,38 @@ const (
 const (
 	flagWordFlags = 0x0fff0000 // reserved bits (AE) and the eight flags
 	// flagWordMergeable are the bits that may differ between merged
-	// segments (tcp_gro_receive masks out CWR, FIN and PSH; CWR in the new
-	// segment flushes on its own).
-	flagWordMergeable = uint32(tcpCWR|tcpFIN|tcpPSH) << 16
+	// segments: tcp_gro_receive's "(flags ^ tcp_flag_word(th2)) &
+	// ~(TCP_FLAG_FIN | TCP_FLAG_PSH)". CWR is not among them: a CWR in
+	// the new segment flushes ("flags & TCP_FLAG_CWR"), and so does a
+	// segment without it after a held one with it.
+	flagWordMergeable = uint32(tcpFIN|tcpPSH) << 16
 )
 
 // verdict is what parse decides about a packet.
 type verdict uint8
 
 const (
-	// passOther: not a TCP or UDP flow GRO can name (not IP, ICMP, other
-	// L4, malformed). Hand it up and touch nothing held.
+	// passOther: a packet the kernel's GRO hands up at once, ahead of
+	// whatever is held, without looking for its flow: not IP, not TCP or
+	// UDP, IPv4 options or a fragment (inet_gro_receive: "*(u8 *)iph !=
+	// 0x45", ip_is_fragment), a bad IPv4 header checksum (ip_fast_csum),
+	// an IPv6 fragment or an extension header GRO does not walk
+	// (ipv6_gro_pull_exthdrs), a bad TCP or UDP checksum
+	// (skb_gro_checksum_validate in tcp4_gro_receive, tcp6_gro_receive,
+	// udp4_gro_receive, udp6_gro_receive), a TCP header that cannot be
+	// pulled (tcp_gro_pull_header), a UDP datagram without a checksum or
+	// whose length is not the packet's (udp_gro_receive_segment).
 	passOther verdict = iota
-	// passAddrs: an IP packet of TCP or UDP, or of an unknown protocol
-	// behind IPv6 extension headers, whose ports are not at hand
-	// (fragments, headers beyond the linear part). Flush the held packets
-	// of its address pair (and protocol, if known), then hand it up.
-	passAddrs
-	// passFlow: a packet of a known flow that GRO must not merge (IP
-	// options, extension headers, unverified checksum, padding, short
-	// header copy, LRO super-frame, ...). Flush its flow, then hand it up.
+	// passFlow: a packet the kernel's GRO looks up but will not merge or
+	// hold (NAPI_GRO_CB(skb)->flush set before tcp_gro_receive): the held
+	// packet of its flow is flushed first (tcp_gro_receive returns it as
+	// pp, skb_gro_receive having refused with -E2BIG). The IP length is
+	// not the frame's (padding, inet_gro_receive's "iph->tot_len ^
+	// skb_gro_len"), the reserved IPv4 flag is set ("frag_off & ~IP_DF"),
+	// a frag_list packet (dev_gro_receive: skb_has_frag_list), a UDP GSO
+	// packet (dev_gro_receive: !skb_is_gso_tcp); and, ustack's own, a
+	// header copy shorter than the headers or a HdrLen the NIC parsed
+	// otherwise.
 	passFlow
 	// candidate: mergeable in principle; segInfo is complete.
 	candidate
@@ -81,7 +95,7 @@ const (
 // reference to the packet.
 type segInfo struct {
 	key     flowKey
-	proto   uint8 // protoTCP, protoUDP; 0 when unknown (passAddrs only)
+	proto   uint8 // protoTCP, protoUDP
 	v6      bool
 	l4      int    // offset of the L4 header in the frame
 	hlen    int    // offset of the L4 payload: Ethernet, IP and L4 headers
@@ -89,15 +103,36 @@ type segInfo struct {
 	seq     uint32 // TCP sequence number
 	flags   uint8  // TCP flags
 	id      uint16 // IPv4 identification
+	// gsoSize and segs describe a GSO (LRO) packet: the payload of each
+	// of its segs segments; gsoSize is 0 for a single frame.
+	gsoSize int
+	segs    int
+	// csum is what GRO's software check of a CHECKSUM_NONE packet found:
+	// csumNone if it did not check.
+	csum csumResult
 }
+
+// csumResult is the outcome of GRO's software checksum check.
+type csumResult uint8
+
+const (
+	csumNone csumResult = iota
+	csumGood
+	csumBad
+)
 
 func be16(b []byte) uint16 { return binary.BigEndian.Uint16(b) }
 func be32(b []byte) uint32 { return binary.BigEndian.Uint32(b) }
 func be64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 
 // parse reads p's headers from its linear part into s and decides what GRO
-// may do with p. It borrows p, never panics and never allocates; it reads
-// only p.Linear and p's metadata (and the frags' lengths).
+// may do with p, in the order of the kernel's checks (dev_gro_receive,
+// inet_gro_receive or ipv6_gro_receive, then tcp4_gro_receive,
+// tcp6_gro_receive, udp4_gro_receive or udp6_gro_receive). It borrows p,
+// never panics and never allocates; it reads p.Linear, p's metadata and,
+// for a packet whose checksum is not verified, the payload in its frags,
+// which it checksums (skb_gro_checksum_validate): a good checksum sets
+// p.CsumVerified, as the kernel's CHECKSUM_UNNECESSARY after GRO verified it.
 func parse(p *bufpool.Packet, s *segInfo) verdict {
 	b := p.Linear
 	// No VLAN tag: the driver drops VLAN-tagged frames.
@@ -113,7 +148,8 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 	return passOther
 }
 
-// parse4 parses an IPv4 packet (RFC 791 section 3.1).
+// parse4 parses an IPv4 packet (RFC 791 section 3.1) as inet_gro_receive
+// does.
 func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv4HdrLen {
 		return passOther
@@ -121,38 +157,39 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	// The fixed header only: the one GRO merges (one with options is
 	// handed up), and a view of known length needs no further bounds check.
 	ip := header.IPv4(b[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen])
-	if header.IPVersion(ip) != header.IPv4Version {
-		return passOther
-	}
 	proto := ip.Protocol()
 	if proto != protoTCP && proto != protoUDP {
+		// inet_offloads[proto] has no gro_receive (ustack merges no
+		// tunnel).
+		return passOther
+	}
+	if b[header.EthernetMinimumSize] != 0x45 || hdr.IsIPv4Fragment(ip) || hdr.IPv4HeaderSum(ip) != 0xffff {
+		// inet_gro_receive: "*(u8 *)iph != 0x45" (IP options, or not
+		// version 4), ip_is_fragment, ip_fast_csum.
 		return passOther
 	}
 	s.v6, s.proto = false, proto
-	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice()))}
+	// The Ethernet header is part of the flow (gro_list_prepare:
+	// compare_ether_header): destination and source in f and g.
+	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice())),
+		f: be64(b), g: uint64(be32(b[8:])) << 32}
 	s.key.setProto(4, proto)
-	ihl := int(ip.HeaderLength())
-	s.l4 = header.EthernetMinimumSize + ihl
-	if hdr.IsIPv4Fragment(ip) || ihl < ipv4HdrLen || len(b) < s.l4+4 {
-		// A fragment (MF or an offset), or ports out of reach.
-		return passAddrs
-	}
-	s.key.setPorts(be32(b[s.l4:]))
-	if ihl != ipv4HdrLen || ip.Flags()&ipv4FlagReserved != 0 || !plain(p) || hdr.IPv4HeaderSum(ip) != 0xffff {
-		// IP options, the reserved flag, a bad header checksum, or a
-		// packet GRO must not touch.
-		return passFlow
-	}
+	s.l4 = header.EthernetMinimumSize + ipv4HdrLen
 	s.id = ip.ID()
 	tot := int(ip.TotalLength())
-	if tot < ihl {
-		return passFlow
-	}
-	return parseL4(p, b, s, tot-ihl)
+	// inet_gro_receive's flush: "(ntohl(*(__be32 *)iph) ^
+	// skb_gro_len(skb)) | (ntohl(*(__be32 *)&iph->id) & ~IP_DF)": the IP
+	// length is not the frame's (padding), or the reserved flag is set
+	// (MF and the offset were handed up above).
+	n := frameLen(p)
+	ipFlush := tot != n-header.EthernetMinimumSize || ip.Flags()&ipv4FlagReserved != 0
+	return parseL4(p, b, s, ip.SourceAddressSlice(), ip.DestinationAddressSlice(), n, ipFlush)
 }
 
-// parse6 parses an IPv6 packet (RFC 8200 section 3); only one without
-// extension headers may be merged.
+// parse6 parses an IPv6 packet (RFC 8200 section 3) as ipv6_gro_receive
+// does: the extension headers ipv6_gro_pull_exthdrs walks (hop-by-hop,
+// routing, destination options: INET6_PROTO_GSO_EXTHDR) are part of the
+// flow, byte for byte; any other (a fragment header) is handed up.
 func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if len(b) < header.EthernetMinimumSize+ipv6HdrLen {
 		return passOther
@@ -161,104 +198,162 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	if header.IPVersion(ip) != header.IPv6Version {
 		return passOther
 	}
-	s.v6 = true
-	src, dst := ip.SourceAddressSlice(), ip.DestinationAddressSlice()
-	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:])}
-	nh := ip.NextHeader()
+	first := ip.NextHeader()
+	nh := first
 	l4 := header.EthernetMinimumSize + ipv6HdrLen
-	for range maxIPv6ExtHdrs {
-		switch nh {
-		case protoTCP, protoUDP:
-			s.proto, s.l4 = nh, l4
-			s.key.setProto(6, nh)
-			if len(b) < l4+4 {
-				return passAddrs
-			}
-			s.key.setPorts(be32(b[l4:]))
-			if l4 != header.EthernetMinimumSize+ipv6HdrLen || !plain(p) {
-				return passFlow
-			}
-			return parseL4(p, b, s, int(ip.PayloadLength())-(l4-header.EthernetMinimumSize-ipv6HdrLen))
-		case protoHopByHop, protoRouting, protoDestOpts:
-			if len(b) < l4+2 {
-				s.key.setProto(6, 0)
-				return passAddrs
-			}
-			ext := hdr.IPv6Ext(b[l4 : l4+2])
-			nh = ext.NextHeader()
-			l4 += ext.Len()
-		case protoFragment:
-			if len(b) < l4+1 {
-				s.key.setProto(6, 0)
-				return passAddrs
-			}
-			nh = b[l4] // Next Header, the only byte needed of the fragment header
-			if nh != protoTCP && nh != protoUDP {
-				return passOther
-			}
-			s.proto = nh
-			s.key.setProto(6, nh)
-			return passAddrs
-		default:
+	for i := 0; nh != protoTCP && nh != protoUDP; i++ {
+		if i == maxIPv6ExtHdrs || (nh != protoHopByHop && nh != protoRouting && nh != protoDestOpts) {
+			// A fragment header, or a protocol GRO has no handler for.
 			return passOther
 		}
+		if len(b) < l4+2 {
+			return passOther
+		}
+		ext := hdr.IPv6Ext(b[l4 : l4+2])
+		nh = ext.NextHeader()
+		l4 += ext.Len()
 	}
-	s.key.setProto(6, 0)
-	return passAddrs
+	if len(b) < l4 {
+		return passOther
+	}
+	s.v6, s.proto, s.l4 = true, nh, l4
+	src, dst := ip.SourceAddressSlice(), ip.DestinationAddressSlice()
+	// ipv6_gro_receive's same flow: "first_word & htonl(0xF00FFFFF)"
+	// (version and flow label), the addresses, the first next header and
+	// the extension headers' bytes (here by hash).
+	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: be64(b),
+		g: uint64(be32(b[8:]))<<32 | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
+	if ext := b[header.EthernetMinimumSize+ipv6HdrLen : l4]; len(ext) > 0 {
+		s.key.h = extHash(ext)
+	}
+	s.key.setProto(6, nh)
+	plen := int(ip.PayloadLength())
+	// ipv6_gro_receive's flush: "ntohs(iph->payload_len) !=
+	// skb_gro_len(skb)".
+	n := frameLen(p)
+	ipFlush := plen != n-header.EthernetMinimumSize-ipv6HdrLen
+	return parseL4(p, b, s, src, dst, n, ipFlush)
 }
 
-// plain reports whether p is a single frame GRO may merge: checksums
-// verified, not already an aggregate or a chain.
-func plain(p *bufpool.Packet) bool {
-	return p.CsumVerified && p.Next == nil && p.Segs <= 1
+// extHash hashes IPv6 extension headers for the flow key (FNV-1a, 64 bits).
+func extHash(b []byte) uint64 {
+	h := uint64(0xcbf29ce484222325)
+	for _, c := range b {
+		h = (h ^ uint64(c)) * 0x100000001b3
+	}
+	return h | 1 // never 0, which stands for none
 }
 
 // parseL4 checks the TCP (RFC 9293 section 3.1) or UDP (RFC 768) header at
-// s.l4, ipPayload bytes long by the IP header, and fills the rest of s.
-func parseL4(p *bufpool.Packet, b []byte, s *segInfo, ipPayload int) verdict {
-	n := frameLen(p)
-	if n != p.Len || n != s.l4+ipPayload {
-		// Ethernet padding (the kernel flushes when the IP length is not
-		// the GRO length), truncation, or a Len that does not add up.
+// s.l4 and fills the rest of s. n is frameLen(p); ipFlush is the IP
+// layer's NAPI_GRO_CB(skb)->flush. src and dst are the IP addresses, for the
+// pseudo-header.
+func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ipFlush bool) verdict {
+	if n != p.Len {
+		// A Len that does not add up: nothing to trust.
+		return passOther
+	}
+	groLen := n - s.l4 // skb_gro_len at the L4 header
+	if len(b) < s.l4+4 {
+		// The ports are out of the header copy's reach.
+		return passOther
+	}
+	s.key.setPorts(be32(b[s.l4:]))
+	if p.Next != nil {
+		// dev_gro_receive: "flush = skb_has_frag_list(skb)".
 		return passFlow
 	}
+	s.segs, s.gsoSize = 1, 0
 	if s.proto == protoTCP {
 		if len(b) < s.l4+tcpMinHdrLen {
 			return passFlow
 		}
 		tcp := header.TCP(b[s.l4 : s.l4+tcpMinHdrLen]) // the fixed header: options are not read
 		doff := int(tcp.DataOffset())
-		if doff < tcpMinHdrLen || doff > ipPayload {
-			return passFlow
+		if !ipFlush && !p.CsumVerified && !l4Valid(p, s, src, dst, groLen) {
+			// tcp4_gro_receive, tcp6_gro_receive: "Don't bother
+			// verifying checksum if we're going to flush anyway."
+			return passOther
+		}
+		if doff < tcpMinHdrLen || doff > groLen {
+			// tcp_gro_pull_header.
+			return passOther
 		}
 		s.hlen = s.l4 + doff
-		s.payload = ipPayload - doff
+		s.payload = groLen - doff
 		s.seq = tcp.SequenceNumber()
 		s.flags = uint8(tcp.Flags())
+		if p.GSOSize > 0 && s.payload > int(p.GSOSize) {
+			// A GSO (LRO) packet: dev_gro_receive counts its
+			// gso_segs, tcp_gro_receive requires its gso_size.
+			s.gsoSize = int(p.GSOSize)
+			s.segs = (s.payload + s.gsoSize - 1) / s.gsoSize
+		}
 	} else {
 		if len(b) < s.l4+udpHdrLen {
 			return passFlow
 		}
 		udp := header.UDP(b[s.l4 : s.l4+udpHdrLen])
+		if !ipFlush && !p.CsumVerified && udp.Checksum() != 0 && !l4Valid(p, s, src, dst, groLen) {
+			// udp4_gro_receive, udp6_gro_receive:
+			// skb_gro_checksum_validate_zero_check.
+			return passOther
+		}
 		ulen := int(udp.Length())
-		if ulen != ipPayload || ulen <= udpHdrLen || (s.v6 && udp.Checksum() == 0) {
-			// Padded or malicious, empty, or a zero checksum over IPv6
-			// (RFC 8200 section 8.1: the stack drops it).
+		if udp.Checksum() == 0 || ulen <= udpHdrLen || ulen != groLen {
+			// udp_gro_receive_segment: "requires non zero csum, for
+			// symmetry with GSO"; "Do not deal with padded or
+			// malicious packets, sorry !"
+			return passOther
+		}
+		if p.GSOSize > 0 && ulen-udpHdrLen > int(p.GSOSize) {
+			// dev_gro_receive: GSO other than TCP flushes.
 			return passFlow
 		}
 		s.hlen = s.l4 + udpHdrLen
 		s.payload = ulen - udpHdrLen
+	}
+	if ipFlush {
+		return passFlow
 	}
 	if s.hlen > len(b) || s.hlen != p.HdrLen {
 		// The header copy is shorter than the headers, or the NIC parsed
 		// them otherwise: the payload offset is not known for sure.
 		return passFlow
 	}
-	if p.GSOSize > 0 && s.payload > int(p.GSOSize) {
-		// An LRO super-frame: already aggregated.
-		return passFlow
-	}
 	return candidate
+}
+
+// l4Valid reports whether the TCP or UDP checksum over the l4Len bytes at
+// s.l4 (header and payload, in the linear part and the frags) and the
+// pseudo-header is right (RFC 9293 section 3.1, RFC 768, RFC 8200 section
+// 8.1), and if so sets p.CsumVerified: __skb_gro_checksum_validate for a
+// CHECKSUM_NONE packet, which then counts as CHECKSUM_UNNECESSARY.
+func l4Valid(p *bufpool.Packet, s *segInfo, src, dst []byte, l4Len int) bool {
+	sum := checksum.Checksum(src, 0)
+	sum = checksum.Checksum(dst, sum)
+	sum = checksum.Combine(sum, uint16(s.proto))
+	sum = checksum.Combine(sum, uint16(l4Len))
+	odd := false
+	add := func(c []byte) {
+		v := checksum.Checksum(c, 0)
+		if odd {
+			v = bits.ReverseBytes16(v)
+		}
+		sum = checksum.Combine(sum, v)
+		odd = odd != (len(c)%2 == 1)
+	}
+	add(p.Linear[s.l4:])
+	for i := range p.Frags {
+		add(p.Frags[i].Bytes())
+	}
+	if sum != 0xffff {
+		s.csum = csumBad
+		return false
+	}
+	s.csum = csumGood
+	p.CsumVerified = true
+	return true
 }
 
 // frameLen returns the bytes in p's linear part and frags.

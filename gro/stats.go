@@ -29,7 +29,7 @@ type Stats struct {
 	// Flush reasons, one count per held packet handed up.
 	FlushBatchEnd atomic.Uint64 // rx_gro_flush_batch_end: EndBatch (FlushTimeout 0) or Flush
 	FlushTimeout  atomic.Uint64 // rx_gro_flush_timeout: held longer than FlushTimeout, or FlushOlderThan
-	FlushFull     atomic.Uint64 // rx_gro_flush_full: MaxSize, frags full, 64 UDP segments
+	FlushFull     atomic.Uint64 // rx_gro_flush_full: MaxSize (64 KB), 64 UDP segments
 	FlushFlags    atomic.Uint64 // rx_gro_flush_flags: PSH/FIN merged, SYN/RST/URG/CWR or other flag change
 	FlushShort    atomic.Uint64 // rx_gro_flush_short: a segment shorter than the first was merged and ends the train
 	FlushMismatch atomic.Uint64 // rx_gro_flush_mismatch: headers differ, not contiguous, larger, empty or not mergeable
@@ -38,6 +38,15 @@ type Stats struct {
 	// Passthrough counts packets handed up at once, never held:
 	// rx_gro_passthrough.
 	Passthrough atomic.Uint64
+
+	// CsumSoftware counts packets whose TCP or UDP checksum the NIC did
+	// not verify (CHECKSUM_NONE) and GRO found good in software
+	// (skb_gro_checksum_validate): rx_gro_csum_sw.
+	CsumSoftware atomic.Uint64
+	// CsumBad counts packets whose checksum GRO found bad in software:
+	// handed up unmerged and unverified, for the stack to drop and count
+	// (its TCP or UDP checksum errors): rx_gro_csum_bad.
+	CsumBad atomic.Uint64
 }
 
 // numSegsBuckets is the number of segment-count histogram buckets.
@@ -91,6 +100,8 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_gro_flush_mismatch", s.FlushMismatch.Load())
 	fn("rx_gro_flush_evict", s.FlushEvict.Load())
 	fn("rx_gro_passthrough", s.Passthrough.Load())
+	fn("rx_gro_csum_sw", s.CsumSoftware.Load())
+	fn("rx_gro_csum_bad", s.CsumBad.Load())
 }
 
 // SegsAverage returns the mean number of wire frames per merged packet

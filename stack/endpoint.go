@@ -65,6 +65,9 @@ type linkEndpoint struct {
 
 	// mem is the TCP memory governor's hard limit (tcpmem_governor.go).
 	mem tcpMemGate
+
+	// csum drops packets with a bad checksum nobody verified (csum.go).
+	csum csumCheck
 }
 
 var _ gstack.LinkEndpoint = (*linkEndpoint)(nil)
@@ -182,6 +185,9 @@ func (e *linkEndpoint) nowNS() int64 {
 // It is Deliver's stages 3 to 10 (see there) and takes pkt.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	e.pages.count(pkt)
+	if e.dropBadCsum(pkt) {
+		return
+	}
 	if e.trains.deliver(pkt) {
 		return
 	}

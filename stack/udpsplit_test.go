@@ -182,6 +182,7 @@ func trainPacket(t testing.TB, pool *bufpool.Pool, s udpFrameSpec, segs, gso, la
 		payload = append(payload, b...)
 	}
 	p.GSOSize, p.Segs = uint16(gso), uint16(segs)
+	p.CsumVerified = true // GRO merges only verified segments
 	return p, payload
 }
 

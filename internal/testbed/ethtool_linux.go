@@ -77,3 +77,44 @@ func (n *Netns) TxChecksum(dev string) (bool, error) {
 	}
 	return v != 0, nil
 }
+
+// SetGRO turns generic receive offload of dev in the namespace on or off,
+// as `ethtool -K dev gro on|off` does, with the SIOCETHTOOL ioctl's
+// ETHTOOL_SGRO (the kernel's ethtool_set_one_feature on NETIF_F_GRO). On a
+// veth device without XDP, GRO on also gives the device its NAPI instance
+// (drivers/net/veth.c veth_set_features), so that received frames go
+// through napi_gro_receive.
+func (n *Netns) SetGRO(dev string, on bool) error {
+	var data uint32
+	if on {
+		data = 1
+	}
+	if _, err := n.ethtool(dev, unix.ETHTOOL_SGRO, data); err != nil {
+		return fmt.Errorf("netns %q: %s: ETHTOOL_SGRO %d: %w", n.Name, dev, data, err)
+	}
+	return nil
+}
+
+// GRO reports whether GRO is on for dev in the namespace (ETHTOOL_GGRO).
+func (n *Netns) GRO(dev string) (bool, error) {
+	v, err := n.ethtool(dev, unix.ETHTOOL_GGRO, 0)
+	if err != nil {
+		return false, fmt.Errorf("netns %q: %s: ETHTOOL_GGRO: %w", n.Name, dev, err)
+	}
+	return v != 0, nil
+}
+
+// SetTSO turns TCP segmentation offload of dev in the namespace on or off
+// (`ethtool -K dev tso on|off`, ETHTOOL_STSO). A veth hands a frame to its
+// peer's NAPI (and so to the peer's GRO) only while the sending end has no
+// TSO (drivers/net/veth.c veth_skb_is_eligible_for_gro).
+func (n *Netns) SetTSO(dev string, on bool) error {
+	var data uint32
+	if on {
+		data = 1
+	}
+	if _, err := n.ethtool(dev, unix.ETHTOOL_STSO, data); err != nil {
+		return fmt.Errorf("netns %q: %s: ETHTOOL_STSO %d: %w", n.Name, dev, data, err)
+	}
+	return nil
+}

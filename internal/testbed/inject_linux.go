@@ -32,6 +32,14 @@ type InjectorConfig struct {
 	// receives (ETH_P_ALL), for ReadFrame. Without it the socket receives
 	// nothing.
 	Receive bool
+	// RcvBuf, if > 0, sets the socket's receive buffer (SO_RCVBUFFORCE,
+	// past net.core.rmem_max), for a reader that lets frames queue.
+	RcvBuf int
+	// SndBuf, if > 0, sets the socket's send buffer (SO_SNDBUFFORCE): a
+	// frame a veth hands to its peer's NAPI stays charged to the socket
+	// until the peer's GRO lets go of it, so a writer whose frames GRO
+	// holds blocks once they fill the default buffer.
+	SndBuf int
 	// MaxFrames bounds the frames Write sends (required, > 0).
 	MaxFrames int
 	// Deadline bounds the time Write sends until (required).
@@ -79,6 +87,18 @@ func (n *Netns) NewInjector(cfg InjectorConfig) (*Injector, error) {
 			if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
 				unix.Close(fd)
 				return fmt.Errorf("PACKET_VNET_HDR: %w", err)
+			}
+		}
+		if cfg.RcvBuf > 0 {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.RcvBuf); err != nil {
+				unix.Close(fd)
+				return fmt.Errorf("SO_RCVBUFFORCE: %w", err)
+			}
+		}
+		if cfg.SndBuf > 0 {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, cfg.SndBuf); err != nil {
+				unix.Close(fd)
+				return fmt.Errorf("SO_SNDBUFFORCE: %w", err)
 			}
 		}
 		sa := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifi.Index}

@@ -305,3 +305,19 @@ func (n *Netns) SNMP(proto string) (map[string]uint64, error) {
 	}
 	return nil, fmt.Errorf("read snmp in %s: no %s counters", n.Name, proto)
 }
+
+// SetDevAttr writes value to /sys/class/net/DEV/ATTR as the namespace sees
+// it (`ip netns exec` mounts the namespace's own sysfs), e.g.
+// gro_flush_timeout or napi_defer_hard_irqs, as the kernel's
+// tools/testing/selftests/net/setup_veth.sh does.
+func (n *Netns) SetDevAttr(dev, attr, value string) error {
+	if strings.ContainsAny(dev+attr, "/ ") || strings.ContainsAny(value, "'\n") {
+		return fmt.Errorf("netns %q: bad sysfs attribute %q/%q", n.Name, dev, attr)
+	}
+	path := "/sys/class/net/" + dev + "/" + attr
+	out, err := n.Exec(context.Background(), "sh", "-c", "echo '"+value+"' > "+path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("netns %q: write %s: %w: %s", n.Name, path, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
