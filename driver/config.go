@@ -6,7 +6,10 @@ import (
 	"strings"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // RQMode is the receive queue type, as mlx5's rx_striding_rq private flag
@@ -372,8 +375,8 @@ const (
 	// smpCacheBytes is SMP_CACHE_BYTES, SKB_DATA_ALIGN's unit.
 	smpCacheBytes = 64
 	// hardMTU is MLX5E_ETH_HARD_MTU, what MLX5E_SW2HW_MTU adds to the
-	// MTU: ETH_HLEN, VLAN_HLEN and ETH_FCS_LEN.
-	hardMTU = 14 + 4 + 4
+	// MTU: ETH_HLEN, VLAN_HLEN and ETH_FCS_LEN (4).
+	hardMTU = header.EthernetMinimumSize + hdr.VLANTagLen + 4
 	// mpwqeLogStrideMax and mpwqeLogStridesMin bound a striding WQE's
 	// geometry (mlx5e_verify_rx_mpwqe_strides): strides of at most 8 KB
 	// (MLX5_MPWQE_LOG_STRIDE_SZ_MAX 13), at least 8 per WQE

@@ -57,25 +57,14 @@ func (n *Netns) ethtool(dev string, cmd, data uint32) (uint32, error) {
 // kernel completes a partial checksum in software (skb_checksum_help)
 // before the device.
 func (n *Netns) SetTxChecksum(dev string, on bool) error {
-	var data uint32
-	if on {
-		data = 1
-	}
-	if _, err := n.ethtool(dev, unix.ETHTOOL_STXCSUM, data); err != nil {
-		return fmt.Errorf("netns %q: %s: ETHTOOL_STXCSUM %d: %w", n.Name, dev, data, err)
-	}
-	return nil
+	return n.setOne(dev, unix.ETHTOOL_STXCSUM, "ETHTOOL_STXCSUM", on)
 }
 
 // TxChecksum reports whether TX checksum offload of dev in the namespace
 // is on (ETHTOOL_GTXCSUM: any of NETIF_F_CSUM_MASK in its features), as
 // `ethtool -k dev` shows tx-checksumming.
 func (n *Netns) TxChecksum(dev string) (bool, error) {
-	v, err := n.ethtool(dev, unix.ETHTOOL_GTXCSUM, 0)
-	if err != nil {
-		return false, fmt.Errorf("netns %q: %s: ETHTOOL_GTXCSUM: %w", n.Name, dev, err)
-	}
-	return v != 0, nil
+	return n.getOne(dev, unix.ETHTOOL_GTXCSUM, "ETHTOOL_GTXCSUM")
 }
 
 // SetGRO turns generic receive offload of dev in the namespace on or off,
@@ -85,23 +74,12 @@ func (n *Netns) TxChecksum(dev string) (bool, error) {
 // (drivers/net/veth.c veth_set_features), so that received frames go
 // through napi_gro_receive.
 func (n *Netns) SetGRO(dev string, on bool) error {
-	var data uint32
-	if on {
-		data = 1
-	}
-	if _, err := n.ethtool(dev, unix.ETHTOOL_SGRO, data); err != nil {
-		return fmt.Errorf("netns %q: %s: ETHTOOL_SGRO %d: %w", n.Name, dev, data, err)
-	}
-	return nil
+	return n.setOne(dev, unix.ETHTOOL_SGRO, "ETHTOOL_SGRO", on)
 }
 
 // GRO reports whether GRO is on for dev in the namespace (ETHTOOL_GGRO).
 func (n *Netns) GRO(dev string) (bool, error) {
-	v, err := n.ethtool(dev, unix.ETHTOOL_GGRO, 0)
-	if err != nil {
-		return false, fmt.Errorf("netns %q: %s: ETHTOOL_GGRO: %w", n.Name, dev, err)
-	}
-	return v != 0, nil
+	return n.getOne(dev, unix.ETHTOOL_GGRO, "ETHTOOL_GGRO")
 }
 
 // SetTSO turns TCP segmentation offload of dev in the namespace on or off
@@ -109,12 +87,28 @@ func (n *Netns) GRO(dev string) (bool, error) {
 // peer's NAPI (and so to the peer's GRO) only while the sending end has no
 // TSO (drivers/net/veth.c veth_skb_is_eligible_for_gro).
 func (n *Netns) SetTSO(dev string, on bool) error {
+	return n.setOne(dev, unix.ETHTOOL_STSO, "ETHTOOL_STSO", on)
+}
+
+// setOne sets one of dev's ethtool_value features (cmd, named name in
+// errors) on or off.
+func (n *Netns) setOne(dev string, cmd uint32, name string, on bool) error {
 	var data uint32
 	if on {
 		data = 1
 	}
-	if _, err := n.ethtool(dev, unix.ETHTOOL_STSO, data); err != nil {
-		return fmt.Errorf("netns %q: %s: ETHTOOL_STSO %d: %w", n.Name, dev, data, err)
+	if _, err := n.ethtool(dev, cmd, data); err != nil {
+		return fmt.Errorf("netns %q: %s: %s %d: %w", n.Name, dev, name, data, err)
 	}
 	return nil
+}
+
+// getOne reports whether one of dev's ethtool_value features (cmd, named
+// name in errors) is on.
+func (n *Netns) getOne(dev string, cmd uint32, name string) (bool, error) {
+	v, err := n.ethtool(dev, cmd, 0)
+	if err != nil {
+		return false, fmt.Errorf("netns %q: %s: %s: %w", n.Name, dev, name, err)
+	}
+	return v != 0, nil
 }
