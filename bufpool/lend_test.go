@@ -10,10 +10,14 @@ import (
 // fakeMemory is a Config.Memory that records what is outstanding and can
 // refuse sizes above a limit.
 type fakeMemory struct {
-	mu      sync.Mutex
-	out     map[*[]byte]bool // outstanding, and whether busy
-	allocs  int
-	frees   int
+	mu sync.Mutex
+	// +checklocks:mu
+	out map[*[]byte]bool // outstanding, and whether busy
+	// +checklocks:mu
+	allocs int
+	// +checklocks:mu
+	frees int
+	// +checklocks:mu
 	maxSize int // 0: any
 }
 

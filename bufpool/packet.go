@@ -13,7 +13,9 @@ const (
 // Packet is ustack's sk_buff: a received frame, or several merged by LRO or
 // GRO. Linear starts with the Ethernet header and holds the bytes copied out
 // of the RX pages (the headers, or a fixed-size prefix); the rest of the
-// frame stays in the pages as Frags, in order.
+// frame stays in the pages as Frags, in order. Or Linear is a head frag
+// (SetHead): the frame itself in its RX page, as build_skb makes an skb
+// over the buffer the NIC wrote (skb->head_frag).
 //
 // A Packet is owned by one goroutine at a time; whoever is handed one owns
 // it until it hands it on or calls Release, exactly once.
@@ -21,6 +23,15 @@ type Packet struct {
 	Linear []byte
 	Frags  []Frag // each holds a page reference until Release
 	Len    int    // len(Linear) + the frags' lengths (Next's excluded)
+
+	// Head is the page Linear lies in when the linear part is a head frag
+	// (the kernel's skb->head_frag: mlx5e_build_linear_skb's
+	// napi_build_skb over an RX stride), nil when Linear is the packet's
+	// own buffer. The packet holds one reference on Head until Release or
+	// TakeHead; Linear starts at HeadOff of Head's bytes and its capacity
+	// ends with it, so an append never writes into the page.
+	Head    *Page
+	HeadOff uint32
 
 	// HdrLen is the length of the frame's headers (Ethernet, IP, L4) as
 	// the NIC parsed them. It may be more than len(Linear) when the header
@@ -56,6 +67,31 @@ var packetCache = sync.Pool{New: func() any {
 // caller. Taking one from the cache does not allocate in steady state.
 func NewPacket() *Packet { return packetCache.Get().(*Packet) }
 
+// SetHead makes f the packet's linear part, a head frag: Linear becomes
+// f's bytes in its page (capacity clipped to them), and the packet takes
+// f's page reference, dropped by Release. The packet must have no linear
+// part yet. It does not copy or allocate.
+func (p *Packet) SetHead(f Frag) {
+	if len(p.Linear) != 0 || p.Head != nil {
+		panic("bufpool: SetHead on a packet with a linear part")
+	}
+	end := f.Off + f.Len
+	p.Linear = f.Page.buf[f.Off:end:end]
+	p.Head, p.HeadOff = f.Page, f.Off
+}
+
+// TakeHead hands back the head frag's bytes from offset off of Linear on as
+// a Frag that takes the packet's reference on Head, as skb_gro_receive
+// steals a head_frag skb's head (NAPI_GRO_FREE_STOLEN_HEAD). The linear
+// part is then empty; Len is left alone. p.Head must be set and off at
+// most len(p.Linear).
+func (p *Packet) TakeHead(off int) Frag {
+	f := Frag{Page: p.Head, Off: p.HeadOff + uint32(off), Len: uint32(len(p.Linear) - off)}
+	p.Head, p.HeadOff = nil, 0
+	p.Linear = p.linear[:0]
+	return f
+}
+
 // CopyTo copies the frame into b and returns the count: the linear part,
 // the frags, then each chained packet's bytes after its HdrLen (Walk(0)).
 // b must be large enough.
@@ -81,6 +117,10 @@ func (p *Packet) TotalLen() int {
 func (p *Packet) Release() {
 	for p != nil {
 		next := p.Next
+		if p.Head != nil {
+			p.Head.DecRef()
+			p.Head, p.HeadOff = nil, 0
+		}
 		for i := range p.Frags {
 			p.Frags[i].Page.DecRef()
 			p.Frags[i] = Frag{}

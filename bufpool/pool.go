@@ -388,6 +388,10 @@ func New(cfg Config) (*Pool, error) {
 // len(Page.Bytes()).
 func (p *Pool) PageBytes() int { return p.base << p.order.Load() }
 
+// PageSize returns the pool's base page size (Config.PageSize), the
+// size of an order-0 page: the kernel's PAGE_SIZE.
+func (p *Pool) PageSize() int { return p.base }
+
 // Order returns the current allocation order.
 func (p *Pool) Order() int { return int(p.order.Load()) }
 

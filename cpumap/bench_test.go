@@ -7,13 +7,15 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // returner is a Receiver that hands packets back to the test: it keeps
 // them until want have come, then signals done.
 type returner struct {
-	mu   sync.Mutex
-	back []*bufpool.Packet // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	back []*bufpool.Packet
 	want int
 	done chan struct{}
 }
@@ -33,7 +35,7 @@ func (r *returner) EndBatch(int64) {}
 // TestNoAllocs pins zero heap allocations per frame in steady state, on
 // both sides: Enqueue, Flush, the ring, the wake-up and the worker's round.
 func TestNoAllocs(t *testing.T) {
-	if raceEnabled {
+	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	const n = 64 // a NAPI budget of frames per poll batch

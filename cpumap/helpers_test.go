@@ -2,51 +2,15 @@ package cpumap
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net/netip"
-	"os"
-	"runtime"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
-
-// testPools are the pools created by newPool; TestMain checks that no page
-// of any of them is still out.
-var testPools struct {
-	mu    sync.Mutex
-	pools []*bufpool.Pool // +checklocks:mu
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testPools.mu.Lock()
-	for i, p := range testPools.pools {
-		if n := p.InUse(); n != 0 && code == 0 {
-			fmt.Fprintf(os.Stderr, "pool %d: %d pages still in use after the tests\n", i, n)
-			code = 1
-		}
-	}
-	testPools.mu.Unlock()
-	os.Exit(code)
-}
-
-// newPool returns a poisoning pool that TestMain checks.
-func newPool(t testing.TB) *bufpool.Pool {
-	t.Helper()
-	p, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatalf("bufpool.New: %v", err)
-	}
-	testPools.mu.Lock()
-	testPools.pools = append(testPools.pools, p)
-	testPools.mu.Unlock()
-	return p
-}
 
 // tagged returns a packet whose linear part holds tag and which holds one
 // page of pool as a frag, so that a packet never released shows as a page
@@ -65,23 +29,6 @@ func tagged(t testing.TB, pool *bufpool.Pool, tag uint64) *bufpool.Packet {
 
 func tagOf(p *bufpool.Packet) uint64 { return binary.LittleEndian.Uint64(p.Linear) }
 
-// waitFor polls cond until it holds, failing the test after 10 s. It
-// yields at first, then sleeps, so that short waits stay short.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; !cond(); i++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		if i < 1000 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(100 * time.Microsecond)
-		}
-	}
-}
-
 // event is something a recorder saw, in order.
 type event struct {
 	kind byte   // 'R' Receive, 'E' EndBatch, 'F' Flush
@@ -93,9 +40,11 @@ type event struct {
 // releases each packet. With gate set, its first Receive signals blocked
 // and then waits until gate is closed, holding the worker.
 type recorder struct {
-	mu      sync.Mutex
-	events  []event // +checklocks:mu
-	n       int     // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	events []event
+	// +checklocks:mu
+	n       int
 	gate    chan struct{}
 	blocked chan struct{}
 	once    sync.Once
@@ -218,7 +167,7 @@ func (s frameSpec) addrs() (src, dst tcpip.Address) {
 	return tcpip.AddrFromSlice(s.src.AsSlice()), tcpip.AddrFromSlice(s.dst.AsSlice())
 }
 
-// frame encodes s with gVisor's header encoders.
+// frame encodes s with gVisor's header encoders (testutil.Frame).
 func (s frameSpec) frame() []byte {
 	if s.sport == 0 {
 		s.sport = 1000
@@ -226,110 +175,66 @@ func (s frameSpec) frame() []byte {
 	if s.dport == 0 {
 		s.dport = 80
 	}
-	src, dst := s.addrs()
-	eth := header.EthernetFields{
-		SrcAddr: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 1}),
-		DstAddr: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 2}),
-	}
+	srcMAC, dstMAC := tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 1}), tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 2})
 	var f []byte
-	switch {
-	case s.arp:
+	if s.arp {
 		f = make([]byte, header.EthernetMinimumSize+header.ARPSize)
-		eth.Type = header.ARPProtocolNumber
-		header.Ethernet(f).Encode(&eth)
+		header.Ethernet(f).Encode(&header.EthernetFields{SrcAddr: srcMAC, DstAddr: dstMAC, Type: header.ARPProtocolNumber})
 		a := header.ARP(f[header.EthernetMinimumSize:])
 		a.SetIPv4OverEthernet()
 		a.SetOp(header.ARPRequest)
-	default:
-		proto := header.TCPProtocolNumber
-		l4Len := header.TCPMinimumSize
+	} else {
+		src, dst := s.addrs()
+		fr := testutil.Frame{
+			SrcMAC: srcMAC, DstMAC: dstMAC, Src: src, Dst: dst, ID: 7,
+			Proto: header.TCPProtocolNumber, SrcPort: s.sport, DstPort: s.dport,
+			Seq: 1, Ack: 1, Flags: header.TCPFlagAck, Window: 4096,
+			NoL4Header: s.frag == fragLater, // the payload continues; no transport header
+			Csum:       testutil.CsumZero,
+		}
+		var icmp []byte // gVisor's Frame writes no ICMP header: the payload starts with it
 		switch {
 		case s.icmp && s.v6:
-			proto, l4Len = header.ICMPv6ProtocolNumber, header.ICMPv6MinimumSize
+			fr.Proto, icmp = header.ICMPv6ProtocolNumber, make([]byte, header.ICMPv6MinimumSize)
 		case s.icmp:
-			proto, l4Len = header.ICMPv4ProtocolNumber, header.ICMPv4MinimumSize
+			fr.Proto, icmp = header.ICMPv4ProtocolNumber, make([]byte, header.ICMPv4MinimumSize)
 		case s.udp:
-			proto, l4Len = header.UDPProtocolNumber, header.UDPMinimumSize
+			fr.Proto = header.UDPProtocolNumber
 		}
 		if s.frag == fragLater {
-			l4Len = 0 // the payload continues; no transport header
+			icmp = nil
+		} else if icmp != nil {
+			icmp[0] = 8 // echo request; the type does not matter here
 		}
-		var ipLen int
-		var opts header.IPv4OptionsSerializer
-		var ext header.IPv6ExtHdrSerializer
 		if s.v6 {
 			if s.ipOpts {
-				ext = append(ext, header.IPv6SerializableHopByHopExtHdr{&header.IPv6RouterAlertOption{Value: header.IPv6RouterAlertMLD}})
+				fr.IPv6Ext = append(fr.IPv6Ext, header.IPv6SerializableHopByHopExtHdr{&header.IPv6RouterAlertOption{Value: header.IPv6RouterAlertMLD}})
 			}
 			switch s.frag {
 			case fragFirst:
-				ext = append(ext, &header.IPv6SerializableFragmentExtHdr{M: true, Identification: 7})
+				fr.IPv6Ext = append(fr.IPv6Ext, &header.IPv6SerializableFragmentExtHdr{M: true, Identification: 7})
 			case fragLater:
-				ext = append(ext, &header.IPv6SerializableFragmentExtHdr{FragmentOffset: 1480 / 8, M: true, Identification: 7})
+				fr.IPv6Ext = append(fr.IPv6Ext, &header.IPv6SerializableFragmentExtHdr{FragmentOffset: 1480 / 8, M: true, Identification: 7})
 			}
-			ipLen = header.IPv6MinimumSize + ext.Length()
-			eth.Type = header.IPv6ProtocolNumber
 		} else {
 			if s.ipOpts {
-				opts = header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}
+				fr.IPv4Options = header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}
 			}
-			ipLen = header.IPv4MinimumSize + int(opts.Length())
-			eth.Type = header.IPv4ProtocolNumber
+			switch s.frag {
+			case fragFirst:
+				fr.IPFlags = header.IPv4FlagMoreFragments
+			case fragLater:
+				fr.IPFlags, fr.FragOff = header.IPv4FlagMoreFragments, 1480
+			}
 		}
-		hlen := header.EthernetMinimumSize + ipLen + l4Len
-		f = make([]byte, hlen+s.n)
-		for i := hlen; i+1 < len(f); i += 2 {
+		fr.Payload = make([]byte, len(icmp)+s.n)
+		copy(fr.Payload, icmp)
+		for i := len(icmp); i+1 < len(fr.Payload); i += 2 {
 			// Payload that reads as port 80 wherever ports are
 			// wrongly looked for in it.
-			binary.BigEndian.PutUint16(f[i:], 80)
+			binary.BigEndian.PutUint16(fr.Payload[i:], 80)
 		}
-		header.Ethernet(f).Encode(&eth)
-		ip := f[header.EthernetMinimumSize:]
-		if s.v6 {
-			header.IPv6(ip).Encode(&header.IPv6Fields{
-				PayloadLength:     uint16(ipLen - header.IPv6MinimumSize + l4Len + s.n),
-				TransportProtocol: proto,
-				HopLimit:          64,
-				SrcAddr:           src,
-				DstAddr:           dst,
-				ExtensionHeaders:  ext,
-			})
-		} else {
-			var flags uint8
-			var off uint16
-			switch s.frag {
-			case fragFirst:
-				flags = header.IPv4FlagMoreFragments
-			case fragLater:
-				flags, off = header.IPv4FlagMoreFragments, 1480
-			}
-			h := header.IPv4(ip)
-			h.Encode(&header.IPv4Fields{
-				TotalLength:    uint16(ipLen + l4Len + s.n),
-				ID:             7,
-				Flags:          flags,
-				FragmentOffset: off,
-				TTL:            64,
-				Protocol:       uint8(proto),
-				SrcAddr:        src,
-				DstAddr:        dst,
-				Options:        opts,
-			})
-			h.SetChecksum(^h.CalculateChecksum())
-		}
-		l4 := f[header.EthernetMinimumSize+ipLen:]
-		switch {
-		case l4Len == 0:
-		case s.icmp:
-			l4[0] = 8 // echo request; the type does not matter here
-		case s.udp:
-			header.UDP(l4).Encode(&header.UDPFields{SrcPort: s.sport, DstPort: s.dport, Length: uint16(l4Len + s.n)})
-		default:
-			header.TCP(l4).Encode(&header.TCPFields{
-				SrcPort: s.sport, DstPort: s.dport, SeqNum: 1, AckNum: 1,
-				DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagAck, WindowSize: 4096,
-			})
-		}
+		f = fr.Build()
 	}
 	for range s.vlans {
 		// An 802.1Q tag (TPID 0x8100, VID 5) between the MACs and the

@@ -97,9 +97,11 @@ type Map struct {
 	stats   *Stats
 	wg      sync.WaitGroup
 
-	mu        sync.Mutex
-	closed    bool        // +checklocks:mu
-	producers []*Producer // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	producers []*Producer
 }
 
 // entry is one destination: its ring and its worker's state.

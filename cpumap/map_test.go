@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 func TestNewErrors(t *testing.T) {
@@ -48,7 +50,7 @@ func TestNewErrors(t *testing.T) {
 func TestBulkFlush(t *testing.T) {
 	for _, bulk := range []int{1, 4, 8} {
 		t.Run(fmt.Sprint("bulk=", bulk), func(t *testing.T) {
-			pool := newPool(t)
+			pool := testutil.NewPoisonPool(t)
 			rec := &recorder{}
 			m := newTestMap(t, Config{QueueSize: 64, BulkSize: bulk}, rec)
 			pr := m.NewProducer()
@@ -92,7 +94,7 @@ func TestBulkFlush(t *testing.T) {
 			if got := r.tail.Load(); got != uint64(total) {
 				t.Fatalf("after Flush: got %d in the ring, want %d", got, total)
 			}
-			waitFor(t, "frames received", func() bool { return rec.received() == total })
+			testutil.WaitFor(t, "frames received", func() bool { return rec.received() == total })
 			wantFlushes := uint64(1)
 			if part > 0 {
 				wantFlushes = 2
@@ -127,7 +129,7 @@ func TestBulkFlush(t *testing.T) {
 // does not fit is released and counted, and the producer does not block.
 func TestDropOnFull(t *testing.T) {
 	const qsize, bulk, extra = 16, 4, 6
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	rec := newGatedRecorder()
 	m := newTestMap(t, Config{QueueSize: qsize, BulkSize: bulk}, rec)
 	pr := m.NewProducer()
@@ -175,7 +177,7 @@ func TestDropOnFull(t *testing.T) {
 // once or dropped, in order per producer and entry, and that no page leaks.
 func TestProducers(t *testing.T) {
 	const producers, entries, frames = 4, 3, 20000
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	recs := make([]*recorder, entries)
 	m := newTestMap(t, Config{QueueSize: 64, Batch: 5}, recs...)
 	var wg sync.WaitGroup
@@ -244,7 +246,7 @@ func TestProducers(t *testing.T) {
 // TestWakeups sends one frame at a time and waits for it: a lost wake-up
 // hangs here.
 func TestWakeups(t *testing.T) {
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	rec := &recorder{}
 	m := newTestMap(t, Config{}, rec)
 	pr := m.NewProducer()
@@ -254,7 +256,7 @@ func TestWakeups(t *testing.T) {
 		pr.Enqueue(0, tagged(t, pool, uint64(i)))
 		pr.Flush()
 		// Each frame is a round that leaves the ring empty.
-		waitFor(t, fmt.Sprint("frame ", i), func() bool { return st.EndBatches.Load() == uint64(i+1) })
+		testutil.WaitFor(t, fmt.Sprint("frame ", i), func() bool { return st.EndBatches.Load() == uint64(i+1) })
 	}
 	if got := rec.received(); got != n {
 		t.Errorf("got %d frames, want %d", got, n)
@@ -269,7 +271,7 @@ func TestWakeups(t *testing.T) {
 // frames under load, and when the ring runs empty, with Flush only then;
 // and once more at Close.
 func TestEndBatch(t *testing.T) {
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	rec := newGatedRecorder()
 	m := newTestMap(t, Config{QueueSize: 256, Batch: 8}, rec)
 	pr := m.NewProducer()
@@ -281,8 +283,8 @@ func TestEndBatch(t *testing.T) {
 	}
 	pr.Flush()
 	close(rec.gate)
-	waitFor(t, "201 frames", func() bool { return rec.received() == 201 })
-	waitFor(t, "the batch end", func() bool { return len(rec.batchEnds('F')) == 1 })
+	testutil.WaitFor(t, "201 frames", func() bool { return rec.received() == 201 })
+	testutil.WaitFor(t, "the batch end", func() bool { return len(rec.batchEnds('F')) == 1 })
 	if err := m.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -304,7 +306,7 @@ func TestEndBatch(t *testing.T) {
 // leaves no page out and no goroutine behind.
 func TestClose(t *testing.T) {
 	before := runtime.NumGoroutine()
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	held := newGatedRecorder()
 	recs := []*recorder{held, nil}
 	m := newTestMap(t, Config{QueueSize: 128}, recs...)
@@ -391,7 +393,7 @@ func checkGoroutines(t *testing.T, before int) {
 
 func TestNoGoroutineLeft(t *testing.T) {
 	before := runtime.NumGoroutine()
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	m, err := New(Config{CPUs: []int{0, 1, 0, 1}, NewReceiver: func(int) Receiver { return &recorder{} }})
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -463,7 +465,7 @@ func TestPinError(t *testing.T) {
 func TestStatsEach(t *testing.T) {
 	rec := newGatedRecorder()
 	m := newTestMap(t, Config{QueueSize: 4, BulkSize: 2}, rec, nil)
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	pr := m.NewProducer()
 	pr.Enqueue(0, tagged(t, pool, 0))
 	pr.Flush()
@@ -473,9 +475,9 @@ func TestStatsEach(t *testing.T) {
 	}
 	pr.Enqueue(5, tagged(t, pool, 9)) // no entry 5
 	close(rec.gate)
-	waitFor(t, "5 frames", func() bool { return rec.received() == 5 })
-	waitFor(t, "the batch end", func() bool { return len(rec.batchEnds('E')) == 1 })
-	waitFor(t, "the worker asleep", func() bool { return m.Stats().Entry(0).EmptyWaits.Load() == 2 })
+	testutil.WaitFor(t, "5 frames", func() bool { return rec.received() == 5 })
+	testutil.WaitFor(t, "the batch end", func() bool { return len(rec.batchEnds('E')) == 1 })
+	testutil.WaitFor(t, "the worker asleep", func() bool { return m.Stats().Entry(0).EmptyWaits.Load() == 2 })
 
 	var got []string
 	m.Stats().Each(func(name string, v uint64) { got = append(got, fmt.Sprintf("%s=%d", name, v)) })

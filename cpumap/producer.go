@@ -16,9 +16,11 @@ type Producer struct {
 	// mu is held by each method and by Map.Close, which releases what the
 	// bulk queues hold; the producer's goroutine is its only other user,
 	// so it is never contended before Close.
-	mu     sync.Mutex
-	closed bool        // +checklocks:mu
-	bulks  []bulkQueue // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	bulks []bulkQueue
 }
 
 // bulkQueue holds frames for one entry until a flush.

@@ -27,10 +27,12 @@ type ring struct {
 	_     [cacheLine]byte
 
 	// The producers'.
-	mu     sync.Mutex
-	closed bool // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
 	// headCache is head as a producer last read it.
-	headCache uint64        // +checklocks:mu
+	// +checklocks:mu
+	headCache uint64
 	tail      atomic.Uint64 // next slot to fill, as a running count
 	_         [cacheLine]byte
 

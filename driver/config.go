@@ -358,3 +358,106 @@ func (c *Config) maxFrame() int {
 	}
 	return c.MTU + 14 + 4
 }
+
+// mlx5's linear striding RQ, with the x86-64 values of the kernel's
+// constants.
+const (
+	// LinearHeadroom is the headroom before a frame in a linear stride:
+	// mlx5e_get_linear_rq_headroom without XDP, NET_IP_ALIGN (0 on x86)
+	// plus MLX5_RX_HEADROOM (NET_SKB_PAD, 64 with 64-byte cache lines).
+	LinearHeadroom = 64
+	// skbSharedInfoSize is sizeof(struct skb_shared_info) on x86-64 with
+	// MAX_SKB_FRAGS 17: 48 bytes of fields and 17 16-byte frags.
+	skbSharedInfoSize = 320
+	// smpCacheBytes is SMP_CACHE_BYTES, SKB_DATA_ALIGN's unit.
+	smpCacheBytes = 64
+	// hardMTU is MLX5E_ETH_HARD_MTU, what MLX5E_SW2HW_MTU adds to the
+	// MTU: ETH_HLEN, VLAN_HLEN and ETH_FCS_LEN.
+	hardMTU = 14 + 4 + 4
+	// mpwqeLogStrideMax and mpwqeLogStridesMin bound a striding WQE's
+	// geometry (mlx5e_verify_rx_mpwqe_strides): strides of at most 8 KB
+	// (MLX5_MPWQE_LOG_STRIDE_SZ_MAX 13), at least 8 per WQE
+	// (MLX5_MPWQE_LOG_NUM_STRIDES_EXT_BASE 3: ConnectX-6 Dx and later
+	// have ext_stride_num_range).
+	mpwqeLogStrideMax  = 13
+	mpwqeLogStridesMin = 3
+)
+
+// skbDataAlign is SKB_DATA_ALIGN.
+func skbDataAlign(n int) int { return (n + smpCacheBytes - 1) &^ (smpCacheBytes - 1) }
+
+// LinearStride returns the stride of mlx5's linear striding RQ for these
+// settings, or 0 where mlx5 takes the nonlinear path. It is
+// mlx5e_rx_mpwqe_is_linear_skb and mlx5e_rx_get_linear_stride_sz without
+// XDP: no packet merge (LRO off, hardware GRO off), a frame with its
+// headroom and skb_shared_info that fits a page (mlx5e_rx_get_linear_sz_skb:
+// MLX5_SKB_FRAG_SZ(headroom + hw_mtu) <= PAGE_SIZE), and a stride, that
+// size rounded up to a power of two, that a WQE of wqeBytes can be cut
+// into. pageSize is the kernel's PAGE_SIZE (the pool's base page). At MTU
+// 1500 with 4 KB pages: 64 + 1522 aligned to 1600, plus 320, is 1920, a
+// 2 KB stride, two frames a page; at MTU 4096 or 9000 the frame does not
+// fit a 4 KB page.
+func LinearStride(mtu, pageSize, wqeBytes int, lro bool, hwgro HWGROMode) int {
+	if lro || hwgro != HWGROOff {
+		return 0 // params->packet_merge.type != MLX5E_PACKET_MERGE_NONE
+	}
+	sz := skbDataAlign(LinearHeadroom+mtu+hardMTU) + skbDataAlign(skbSharedInfoSize) // MLX5_SKB_FRAG_SZ
+	if sz > pageSize {
+		return 0
+	}
+	stride := 1
+	for stride < sz {
+		stride <<= 1 // roundup_pow_of_two
+	}
+	logStride, logWQE := 0, 0
+	for 1<<logStride < stride {
+		logStride++
+	}
+	for 1<<(logWQE+1) <= wqeBytes {
+		logWQE++
+	}
+	if logStride > mpwqeLogStrideMax || logWQE-logStride < mpwqeLogStridesMin {
+		return 0
+	}
+	return stride
+}
+
+// LinearStride returns the stride of the linear RQ the driver runs with
+// c's settings, defaults applied, or 0 when it builds packets the
+// nonlinear way (mlx5e_skb_from_cqe_mpwrq_nonlinear): LinearStride of
+// the MTU, the pool's base page and the WQE size. Only the striding RQ
+// with frames packed into pages takes the linear path here: the cyclic RQ
+// and PagePerFrame build every packet the nonlinear way (see the package
+// doc).
+func (c Config) LinearStride() int {
+	if c.RQ != RQStriding || c.PagePerFrame {
+		return 0
+	}
+	mtu, wqe, page := c.MTU, c.WQEBytes, bufpool.PageSize4K
+	if mtu == 0 {
+		mtu = DefaultMTU
+	}
+	if wqe == 0 {
+		wqe = DefaultWQEBytes
+	}
+	if c.Pool != nil {
+		page = c.Pool.PageSize()
+	}
+	return LinearStride(mtu, page, wqe, c.LRO, c.HWGRO)
+}
+
+// RXPath names the way the driver builds packets with c's settings, as
+// the kernel function mlx5 uses: "linear" (mlx5e_skb_from_cqe_mpwrq_linear,
+// the frame is the packet's linear part, in its stride), "nonlinear"
+// (mlx5e_skb_from_cqe_mpwrq_nonlinear: the header copy of HDS, payload in
+// frags) or "shampo" (mlx5e_skb_from_cqe_shampo, hardware GRO; frames it
+// does not take are built the nonlinear way).
+func (c Config) RXPath() string {
+	switch {
+	case c.HWGRO != HWGROOff:
+		return "shampo"
+	case c.LinearStride() > 0:
+		return "linear"
+	}
+	return "nonlinear"
+}

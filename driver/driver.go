@@ -7,6 +7,39 @@
 // ring's pages, as DMA writes it, its first bytes into the NIC model's own
 // buffer to be parsed (Config.BounceRead turns that off).
 //
+// Receive paths, as mlx5 picks them (mlx5e_rq_set_handlers):
+//
+//   - Linear (mlx5e_skb_from_cqe_mpwrq_linear): when
+//     mlx5e_rx_mpwqe_is_linear_skb holds (LRO and hardware GRO off, and
+//     MLX5_SKB_FRAG_SZ(headroom + MTU + 22) within a page: MTU up to 3690
+//     with 4 KB pages; Config.LinearStride), every frame gets one stride of
+//     mlx5e_rx_get_linear_stride_sz bytes (2 KB at MTU 1500: two frames a
+//     page), written after LinearHeadroom bytes, with room left for
+//     skb_shared_info. The packet is built over it without a copy
+//     (napi_build_skb): its linear part is the frame in the page, a head
+//     frag (bufpool.Packet.Head), and it has no frags; HDS does not apply.
+//     GRO moves a merged head's payload into a frag, as skb_gro_receive
+//     does with a head_frag skb. Counted as rx_skb_linear.
+//   - Nonlinear (mlx5e_skb_from_cqe_mpwrq_nonlinear): otherwise (LRO on, a
+//     larger MTU), frames go back to back on 64-byte strides, the HDS
+//     header copy goes into the packet's own linear buffer and the rest
+//     stays in the pages as frags. Counted as rx_skb_nonlinear.
+//   - SHAMPO (mlx5e_skb_from_cqe_shampo, hardware GRO): headers from the
+//     header buffer, payloads as frags; a session packet closes when the
+//     CQE does not match, or when mlx5e_hw_gro_skb_has_enough_space fails
+//     (PAGE_SIZE * nr_frags + the next payload > 64 KB), in both modes.
+//     Frames SHAMPO does not take are built the nonlinear way.
+//
+// Where the model differs from mlx5 on these paths: the cyclic RQ and
+// PagePerFrame always build the nonlinear way (mlx5's cyclic RQ has a
+// linear path too, mlx5e_skb_from_cqe_linear); the linear check assumes a
+// NIC with ext_stride_num_range (ConnectX-6 Dx and later: at least 8
+// strides a WQE) and no XDP program; skb->truesize is not modelled, so
+// a linear packet's stride (2 KB for a 1.5 KB frame) is not charged
+// downstream, as the kernel charges it to the socket; a frame whose
+// stride would cross a page (it cannot: strides are powers of two no
+// larger than a page) would fall back to the nonlinear build.
+//
 // Threading: the NIC model runs in its own goroutine locked to an OS thread
 // (the hardware); it posts one CQE per frame into a single-producer,
 // single-consumer completion queue, publishes the CQEs every Budget frames
@@ -15,6 +48,18 @@
 // goroutine (the softirq) and calls the Handler for each packet, in ring
 // order, then Flush once per batch of at most Budget packets. Transmit may
 // be called from any goroutine.
+//
+// Truesize is not modelled. The kernel charges a GRO frag_list packet more
+// socket memory than a frags one of the same length (skb_gro_receive adds
+// each chained skb's whole truesize, its head included), and
+// tcp_try_rmem_schedule and the advertised window see it. ustack hands such
+// a packet to gVisor with the skb's structure (a view per chained packet,
+// stack's toGVisor), but gVisor charges a segment its bytes plus fixed
+// struct sizes (segMemSize: segSize + PacketBuffer.MemSize), not its views'
+// capacity; the one lever from outside, ReserveHeaderBytes, would allocate
+// and zero the memory it makes gVisor count. So a frag_list packet costs
+// here what it costs in ustack (a view and a copy per chained packet,
+// rx_gro_frag_list), not the kernel's rmem.
 package driver
 
 import (

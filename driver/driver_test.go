@@ -11,6 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // collector is a Handler that keeps copies of what it is given.
@@ -20,9 +21,11 @@ type collector struct {
 	frames [][]byte
 	// +checklocks:mu
 	linears []int
-	n       atomic.Int64
-	bytes   atomic.Int64 // payload bytes (after the headers) handed over
-	keep    bool
+	// +checklocks:mu
+	nfrags []int // len(Frags) of each packet
+	n      atomic.Int64
+	bytes  atomic.Int64 // payload bytes (after the headers) handed over
+	keep   bool
 }
 
 func (c *collector) Deliver(p *Packet) {
@@ -32,6 +35,7 @@ func (c *collector) Deliver(p *Packet) {
 		c.mu.Lock()
 		c.frames = append(c.frames, b)
 		c.linears = append(c.linears, len(p.Linear))
+		c.nfrags = append(c.nfrags, len(p.Frags))
 		c.mu.Unlock()
 	}
 	c.bytes.Add(int64(p.TotalLen() - p.HdrLen))
@@ -79,10 +83,7 @@ func startTestDriver(t testing.TB, cfg Config, pc bufpool.Config, h Handler, dep
 	if pc.RingSize == 0 {
 		pc.RingSize = 1 << 16
 	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, pc)
 	copy(cfg.MAC[:], pkDstMAC)
 	cfg.Pool = pool
 	d, err := New(a, cfg)
@@ -130,9 +131,11 @@ func TestDriverRx(t *testing.T) {
 		cfg  Config
 		l3   L3Type
 	}{
-		{"striding/lro-off/hds-auto/v4", Config{}, L3IPv4},
+		{"striding/linear/v4", Config{}, L3IPv4},
+		{"striding/linear/v6", Config{HDS: 256}, L3IPv6}, // the header copy size does not apply
+		{"striding/lro-off/mtu-4096/hds-auto/v4", Config{MTU: 4096}, L3IPv4},
 		{"striding/lro-on/hds-auto/v4", Config{LRO: true}, L3IPv4},
-		{"striding/lro-off/hds-256/v6", Config{HDS: 256}, L3IPv6},
+		{"striding/lro-off/mtu-9000/hds-256/v6", Config{HDS: 256, MTU: 9000}, L3IPv6},
 		{"cyclic/lro-off/hds-auto/v6", Config{RQ: RQCyclic}, L3IPv6},
 		{"cyclic/lro-on/hds-256/v4", Config{RQ: RQCyclic, LRO: true, HDS: 256}, L3IPv4},
 	} {
@@ -164,7 +167,10 @@ func TestDriverRx(t *testing.T) {
 				}
 				got = append(got, f[pfi.HeaderLen():pfi.L2Len+pfi.IPLen]...)
 				wantLin := MinHeaderLen(&pfi)
-				if tc.cfg.HDS != HDSAuto {
+				switch {
+				case tc.cfg.LinearStride() > 0:
+					wantLin = len(f) // mlx5e_skb_from_cqe_mpwrq_linear: the frame
+				case tc.cfg.HDS != HDSAuto:
 					wantLin = min(tc.cfg.HDS, len(f))
 				}
 				if c.linears[i] != wantLin {
@@ -237,7 +243,7 @@ func TestDriverDropsAndContinues(t *testing.T) {
 // ring placement, CQE, poll loop, header split, packet hand-off and release)
 // at zero heap allocations per packet.
 func TestRxNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, tc := range []struct {
@@ -245,20 +251,30 @@ func TestRxNoAllocs(t *testing.T) {
 		cfg    Config
 		tunnel bool // one IPv4-in-IPv6 frame decapsulated, instead of a super-frame
 	}{
-		{"lro-off", Config{}, false},
+		{"linear", Config{}, false},
+		{"linear-tunnel", tunnelConfig(Config{}), true},
+		{"nonlinear-mtu-9000", Config{MTU: 9000}, false},
 		{"lro-on", Config{LRO: true}, false},
 		{"cyclic-hds-256", Config{RQ: RQCyclic, HDS: 256}, false},
 		{"hw-gro-coalesce", Config{HWGRO: HWGROCoalesce}, false},
-		{"tunnel", tunnelConfig(Config{}), true},
+		{"hw-gro-on", Config{HWGRO: HWGROOn}, false},
+		{"nonlinear-tunnel", tunnelConfig(Config{MTU: 4096}), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &collector{}
 			_, w := newTestDriver(t, tc.cfg, c)
-			h, frame, _ := tcpSuper(t, L3IPv4, 64000)
+			// Hardware GRO gets 12000 bytes, one session in either
+			// mode (has_enough_space ends one at 16 frags; 9 payloads
+			// take at most 12).
+			payload := 64000
+			if tc.cfg.HWGRO != HWGROOff {
+				payload = 12000
+			}
+			h, frame, _ := tcpSuper(t, L3IPv4, payload)
 			b := wireFrame(h, frame)
 			per := int64(1)
 			if !tc.cfg.LRO && tc.cfg.HWGRO == HWGROOff {
-				per = (64000 + 1447) / 1448
+				per = int64(payload+1447) / 1448
 			}
 			if tc.tunnel {
 				b = wireFrame(VirtioNetHdr{}, pkTunnel(pkInner(L3IPv4, 1400).build(), pkTunLocal, protoIPIP, false))

@@ -20,6 +20,7 @@ type nicState struct {
 	wireMax  int // largest frame the wire may carry: the MTU, an Ethernet header and a VLAN tag
 	wqeBytes int // bytes a WQE spans (a striding MPWQE, or one frame's buffer)
 	oneFrame bool
+	linear   int // the linear RQ's stride (Config.LinearStride), 0 for the nonlinear one
 
 	// The WQE being filled: its pages (one reference each, the NIC's; their
 	// sizes may differ when the pool's allocation order changes), the byte
@@ -102,6 +103,7 @@ func (n *nicState) init(d *Driver) {
 	n.tunLocal = d.cfg.Tunnel.locals()
 	n.wireMax = d.cfg.MTU + header.EthernetMinimumSize + hdr.VLANTagLen
 	n.wqeBytes = d.cfg.WQEBytes
+	n.linear = d.cfg.LinearStride()
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
 		// One buffer per frame, sized for the largest frame, starting on
 		// a fresh page.
@@ -442,15 +444,25 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 		n.closeSession() // another kind of frame ends the session
 	}
 	size := len(a) + len(b)
-	if n.posted && n.off+size > n.wqe.size {
+	// The linear RQ (mlx5e_rx_mpwqe_is_linear_skb) gives every frame one
+	// stride of n.linear bytes: LinearHeadroom, the frame, and room for
+	// skb_shared_info, so that the driver builds the packet over it
+	// (mlx5e_skb_from_cqe_mpwrq_linear). Strides are a power of two no
+	// larger than a page, and pages start at multiples of 4 KB in the
+	// WQE: a stride never spans two pages.
+	hr, strideSize := 0, d.cfg.StrideSize
+	if n.linear > 0 {
+		hr, strideSize = LinearHeadroom, n.linear
+	}
+	if n.posted && n.off+hr+size > n.wqe.size {
 		n.retire() // the rest of the WQE is skipped, as mlx5's filler CQE does
 	}
 	if !n.posted && !n.post() {
 		n.dropped(DropNoBuffer)
 		return false
 	}
-	strides := (size + d.cfg.StrideSize - 1) / d.cfg.StrideSize
-	cost := strides * d.cfg.StrideSize
+	strides := (hr + size + strideSize - 1) / strideSize
+	cost := strides * strideSize
 	if !n.waitRoom(cost) {
 		n.dropped(DropOutOfBuffer)
 		return false
@@ -458,14 +470,14 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 	cqe := &d.cq[n.prod&d.mask]
 	cqe.ByteCount = uint32(size)
 	cqe.WQE = n.wqeSeq
-	cqe.Stride = uint32(n.off / d.cfg.StrideSize)
+	cqe.Stride = uint32(n.off / strideSize)
 	cqe.Info = *m.info
 	cqe.Csum = m.csum
 	cqe.GSOSize = m.gsoSize
 	cqe.OuterLen = uint16(m.outerLen)
 	cqe.HWGRO, cqe.Match = false, false
 	cqe.NFrags = 0
-	off := n.off
+	off := n.off + hr
 	if k := m.inRing; k > 0 {
 		// A direct read (b is nil): the frame's tail is in place.
 		n.wqe.write(cqe, off, a[:len(a)-k])

@@ -78,10 +78,11 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	if n > uint32(d.cfg.Budget) {
 		n = uint32(d.cfg.Budget)
 	}
-	var bytes, hds, hdsPayload, linearOnly, frags uint64
+	var bytes, hds, hdsPayload, linearOnly, frags, linear, hwgro uint64
 	for i := uint32(0); i < n; i++ {
 		cqe := &d.cq[(cons+i)&d.mask]
 		if cqe.HWGRO {
+			hwgro++
 			bytes += uint64(cqe.ByteCount)
 			if done := d.shampoAdd(cqe); done != nil {
 				d.handler.Deliver(done)
@@ -91,12 +92,18 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 		if done := d.shampoFlush(); done != nil {
 			d.handler.Deliver(done)
 		}
-		pkt := d.build(cqe)
-		bytes += uint64(pkt.Len)
-		hds += uint64(len(pkt.Linear))
-		if h := cqe.Info.HeaderLen(); len(pkt.Linear) > h {
-			hdsPayload += uint64(len(pkt.Linear) - h)
+		var pkt *Packet
+		if d.nic.linear > 0 && cqe.NFrags == 1 {
+			pkt = d.buildLinear(cqe)
+			linear++
+		} else {
+			pkt = d.build(cqe)
+			hds += uint64(len(pkt.Linear))
+			if h := cqe.Info.HeaderLen(); len(pkt.Linear) > h {
+				hdsPayload += uint64(len(pkt.Linear) - h)
+			}
 		}
+		bytes += uint64(pkt.Len)
 		if len(pkt.Frags) == 0 {
 			linearOnly++
 		}
@@ -125,6 +132,8 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	st.HDSBytes.Add(hds)
 	st.HDSPayload.Add(hdsPayload)
 	st.LinearOnly.Add(linearOnly)
+	st.SKBLinear.Add(linear)
+	st.SKBNonlinear.Add(uint64(n) - linear - hwgro)
 	st.PacketFrags.Add(frags)
 	return cons, more, again
 }
@@ -229,6 +238,38 @@ func (d *Driver) build(cqe *CQE) *Packet {
 		binary.BigEndian.PutUint16(lin[l2-2:], cqe.Info.EtherType)
 	}
 	pkt.Linear = lin
+	return pkt
+}
+
+// buildLinear is mlx5e_skb_from_cqe_mpwrq_linear: the packet is built over
+// the frame in its stride, without a copy (mlx5e_build_linear_skb's
+// napi_build_skb): its linear part is the frame, a head frag holding the
+// CQE's page reference (Packet.SetHead), and it has no frags. GRO later
+// moves the payload after the headers into a frag, as skb_gro_receive does
+// with a head_frag skb. The CQE's frame lies in one page (place: a stride
+// never spans two).
+//
+// A tunnel frame is decapsulated in place, as build does it by copying:
+// the Ethernet header moves forward over the outer IPv6 header, in the
+// frame's own stride, and takes the inner EtherType.
+func (d *Driver) buildLinear(cqe *CQE) *Packet {
+	f := cqe.Frags[0]
+	cqe.Frags[0] = bufpool.Frag{}
+	cqe.NFrags = 0
+	if outer := uint32(cqe.OuterLen); outer > 0 {
+		b := f.Page.Bytes()[f.Off : f.Off+f.Len]
+		l2 := cqe.Info.L2Len
+		copy(b[outer:int(outer)+l2], b[:l2])
+		binary.BigEndian.PutUint16(b[int(outer)+l2-2:], cqe.Info.EtherType)
+		f.Off += outer
+		f.Len -= outer
+	}
+	pkt := bufpool.NewPacket()
+	pkt.CsumVerified = cqe.Csum != CsumNone
+	pkt.GSOSize = cqe.GSOSize
+	pkt.HdrLen = cqe.Info.HeaderLen()
+	pkt.SetHead(f)
+	pkt.Len = len(pkt.Linear)
 	return pkt
 }
 

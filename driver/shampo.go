@@ -295,7 +295,8 @@ type shampoBuilder struct {
 func (d *Driver) shampoAdd(cqe *CQE) *bufpool.Packet {
 	b := &d.hwb
 	var done *bufpool.Packet
-	if b.pkt != nil && (!cqe.Match || len(b.pkt.Frags)+int(cqe.NFrags) > cap(b.pkt.Frags)) {
+	dataBcnt := int(cqe.ByteCount) - int(cqe.HeaderSize)
+	if b.pkt != nil && (!cqe.Match || !d.hwGROHasEnoughSpace(b.pkt, dataBcnt) || len(b.pkt.Frags)+int(cqe.NFrags) > cap(b.pkt.Frags)) {
 		done = d.shampoFlush()
 	}
 	if b.pkt == nil {
@@ -335,6 +336,38 @@ func (d *Driver) shampoAdd(cqe *CQE) *bufpool.Packet {
 	cqe.NFrags = 0
 	d.shampo.packets.Add(1)
 	return done
+}
+
+// hwGROMaxSize is GRO_LEGACY_MAX_SIZE, the size a SHAMPO skb may reach.
+const hwGROMaxSize = 65536
+
+// hwGROHasEnoughSpace is mlx5e_hw_gro_skb_has_enough_space: the open
+// session packet p takes a payload of dataBcnt more bytes only if
+// PAGE_SIZE * nr_frags + dataBcnt stays within GRO_LEGACY_MAX_SIZE, each
+// frag counted as a whole page whatever it holds; with pages of 64 KB or
+// more, skb->len + dataBcnt. PAGE_SIZE is the pool's base page (the
+// kernel's, whatever order the pool allocates at). Without coalescing
+// every payload is a frag of its own (two where it crosses a page), so a
+// session of 1448-byte payloads ends after 16 frags; coalesced frags fill
+// pages, and it reaches about 44 payloads.
+func (d *Driver) hwGROHasEnoughSpace(p *bufpool.Packet, dataBcnt int) bool {
+	page, skbLen := d.pool.PageSize(), 0
+	if page >= hwGROMaxSize {
+		skbLen = len(p.Linear)
+		for _, f := range p.Frags {
+			skbLen += int(f.Len)
+		}
+	}
+	return hwGROHasEnoughSpace(page, len(p.Frags), skbLen, dataBcnt)
+}
+
+// hwGROHasEnoughSpace is the rule of Driver.hwGROHasEnoughSpace for a
+// packet of nrFrags frags and skbLen bytes, with pages of pageSize.
+func hwGROHasEnoughSpace(pageSize, nrFrags, skbLen, dataBcnt int) bool {
+	if pageSize >= hwGROMaxSize {
+		return skbLen+dataBcnt <= hwGROMaxSize
+	}
+	return pageSize*nrFrags+dataBcnt <= hwGROMaxSize
 }
 
 // shampoFlush finishes the open session packet: IP lengths and flags fixed

@@ -9,6 +9,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // hwSeg describes one TCP segment of a hardware GRO match test: one flow,
@@ -180,10 +181,7 @@ func TestHWGROMatchRules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, w := NewMemPair(1024, VirtioNetHdrLen+maxLROFrame)
-			pool, err := bufpool.New(bufpool.Config{Poison: true, RingSize: 1 << 12})
-			if err != nil {
-				t.Fatal(err)
-			}
+			pool := testutil.NewPool(t, bufpool.Config{Poison: true, RingSize: 1 << 12})
 			cfg := Config{HWGRO: HWGROOn, HWGROTimeout: time.Hour}
 			copy(cfg.MAC[:], pkDstMAC)
 			cfg.Pool = pool

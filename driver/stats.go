@@ -34,6 +34,8 @@ type Stats struct {
 	HDSPayload   atomic.Uint64 // rx_hds_payload_bytes: payload bytes among them (seed 000's waste)
 	LinearOnly   atomic.Uint64 // rx_linear_packets: packets that fit entirely in the linear part
 	PacketFrags  atomic.Uint64 // rx_frags: payload frags handed up
+	SKBLinear    atomic.Uint64 // rx_skb_linear: packets built over their stride, no copy (mlx5e_skb_from_cqe_mpwrq_linear)
+	SKBNonlinear atomic.Uint64 // rx_skb_nonlinear: packets built with a header copy (mlx5e_skb_from_cqe_mpwrq_nonlinear)
 	Dropped      [NumDrops]atomic.Uint64
 	DroppedVLAN  atomic.Uint64 // rx_drop_vlan: tagged frames (no VLAN configured)
 	NICCPUNanos  atomic.Int64  // nic_cpu_ns: CPU time of the NIC model's thread
@@ -74,6 +76,8 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_hds_payload_bytes", s.HDSPayload.Load())
 	fn("rx_linear_packets", s.LinearOnly.Load())
 	fn("rx_frags", s.PacketFrags.Load())
+	fn("rx_skb_linear", s.SKBLinear.Load())
+	fn("rx_skb_nonlinear", s.SKBNonlinear.Load())
 	var total uint64
 	for i := range s.Dropped {
 		total += s.Dropped[i].Load()

@@ -21,6 +21,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // tapTestStackMAC is the MAC the tests pretend the userspace stack has; a
@@ -133,32 +134,15 @@ func (b *tapTestBed) readUDP4(t *testing.T, buf []byte, port uint16) (tapTestHdr
 // UDP checksum field holds only the pseudo-header sum, to be completed by
 // whoever honours VIRTIO_NET_HDR_F_NEEDS_CSUM.
 func tapTestUDPFrame(dst, src net.HardwareAddr, from, to netip.AddrPort, payload []byte, partial bool) []byte {
-	const hl = header.EthernetMinimumSize + header.IPv4MinimumSize + header.UDPMinimumSize
-	b := make([]byte, hl+len(payload))
-	header.Ethernet(b).Encode(&header.EthernetFields{
-		SrcAddr: tcpip.LinkAddress(src), DstAddr: tcpip.LinkAddress(dst), Type: header.IPv4ProtocolNumber,
-	})
-	srcA, dstA := tcpip.AddrFrom4(from.Addr().As4()), tcpip.AddrFrom4(to.Addr().As4())
-	ip := header.IPv4(b[header.EthernetMinimumSize:])
-	ip.Encode(&header.IPv4Fields{
-		TotalLength: uint16(header.IPv4MinimumSize + header.UDPMinimumSize + len(payload)),
-		TTL:         64,
-		Protocol:    uint8(header.UDPProtocolNumber),
-		SrcAddr:     srcA,
-		DstAddr:     dstA,
-	})
-	ip.SetChecksum(^ip.CalculateChecksum())
-	udpLen := uint16(header.UDPMinimumSize + len(payload))
-	udp := header.UDP(ip.Payload())
-	udp.Encode(&header.UDPFields{SrcPort: from.Port(), DstPort: to.Port(), Length: udpLen})
-	copy(udp.Payload(), payload)
-	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, srcA, dstA, udpLen)
-	if partial {
-		udp.SetChecksum(xsum)
-	} else {
-		udp.SetChecksum(^udp.CalculateChecksum(checksum.Checksum(payload, xsum)))
+	f := testutil.Frame{
+		SrcMAC: tcpip.LinkAddress(src), DstMAC: tcpip.LinkAddress(dst),
+		Src: tcpip.AddrFrom4(from.Addr().As4()), Dst: tcpip.AddrFrom4(to.Addr().As4()),
+		Proto: header.UDPProtocolNumber, SrcPort: from.Port(), DstPort: to.Port(), Payload: payload,
 	}
-	return b
+	if partial {
+		f.Csum = testutil.CsumPartial
+	}
+	return f.Build()
 }
 
 // tapTestUDPChecksumOK reports whether the IPv4/UDP frame's UDP checksum is
@@ -726,7 +710,7 @@ func TestTAPReadVec(t *testing.T) {
 	if !bytes.Equal(udp.Payload(), payload) {
 		t.Errorf("datagram read with ReadVec: got %d bytes, not the %d sent", len(udp.Payload()), len(payload))
 	}
-	if allocs := testing.AllocsPerRun(runs-5, func() { b.tap.ReadVec(iov, true) }); allocs != 0 && !raceEnabled {
+	if allocs := testing.AllocsPerRun(runs-5, func() { b.tap.ReadVec(iov, true) }); allocs != 0 && !testutil.RaceEnabled {
 		t.Errorf("%v allocations per ReadVec, want 0", allocs)
 	}
 }

@@ -70,21 +70,26 @@ func TestTunnelRx(t *testing.T) {
 		ext      bool
 		vnet     VirtioNetHdr
 		csum     pkCsum
-		wantLin  int // 0: MinHeaderLen of the inner frame
+		wantLin  int // 0: MinHeaderLen of the inner frame; -1: the whole inner frame, nothing copied (linear)
 		wantCsum func(*Stats) uint64
 	}{
-		{name: "ipip6/hds-auto/csum-complete", l3: L3IPv4, wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
-		{name: "ip6ip6/hds-auto/csum-complete", l3: L3IPv6, wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
+		// MTU 1500 with LRO off is mlx5's linear RQ: the frame is the
+		// linear part, decapsulated in place, nothing copied.
+		{name: "ipip6/linear", l3: L3IPv4, wantLin: -1, wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
+		{name: "ip6ip6/linear", l3: L3IPv6, wantLin: -1, wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
+		// MTU 4096: the nonlinear RQ, whose header copy is under test.
+		{name: "ipip6/hds-auto/csum-complete", cfg: Config{MTU: 4096}, l3: L3IPv4, wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
+		{name: "ip6ip6/hds-auto/csum-complete", cfg: Config{MTU: 4096}, l3: L3IPv6, wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
 		{name: "ipip6/lro/cyclic/needs-csum", cfg: Config{LRO: true, RQ: RQCyclic}, l3: L3IPv4, csum: pkCsumPartial,
 			vnet:     VirtioNetHdr{Flags: VirtioNetHdrFNeedsCsum, CsumStart: 14 + 40 + 20, CsumOffset: 16},
 			wantCsum: func(s *Stats) uint64 { return s.CsumPartial.Load() }},
-		{name: "ip6ip6/data-valid", l3: L3IPv6, csum: pkCsumZero, vnet: VirtioNetHdr{Flags: VirtioNetHdrFDataValid},
+		{name: "ip6ip6/data-valid", cfg: Config{MTU: 4096}, l3: L3IPv6, csum: pkCsumZero, vnet: VirtioNetHdr{Flags: VirtioNetHdrFDataValid},
 			wantCsum: func(s *Stats) uint64 { return s.CsumUnneeded.Load() }},
-		{name: "ipip6/hds-256", cfg: Config{HDS: 256}, l3: L3IPv4, wantLin: 256 - 40,
+		{name: "ipip6/hds-256", cfg: Config{HDS: 256, MTU: 4096}, l3: L3IPv4, wantLin: 256 - 40,
 			wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
 		// Outer extension headers are left out of the estimate: the copy
 		// falls short of the inner headers by their length.
-		{name: "ip6ip6/outer-dest-opts", l3: L3IPv6, ext: true, wantLin: 14 + 40 + 32 - 8,
+		{name: "ip6ip6/outer-dest-opts", cfg: Config{MTU: 4096}, l3: L3IPv6, ext: true, wantLin: 14 + 40 + 32 - 8,
 			wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
 		{name: "ipip6/hw-gro", cfg: Config{HWGRO: HWGROOn}, l3: L3IPv4,
 			wantCsum: func(s *Stats) uint64 { return s.CsumComplete.Load() }},
@@ -116,18 +121,27 @@ func TestTunnelRx(t *testing.T) {
 			if d := ParseFrame(inner, &fi); d != DropNone {
 				t.Fatal(d)
 			}
-			want := tc.wantLin
-			if want == 0 {
+			want, wantLinear := tc.wantLin, uint64(0)
+			switch want {
+			case 0:
 				want = MinHeaderLen(&fi)
+			case -1:
+				want, wantLinear = len(inner), 1
 			}
 			if c.linears[0] != want {
 				t.Errorf("linear part: got %d bytes, want %d", c.linears[0], want)
 			}
 			st := d.Stats()
-			// The poll loop adds its byte counters after it handed the
+			// The poll loop adds its counters after it handed the
 			// batch up: wait for them.
-			for end := time.Now().Add(5 * time.Second); st.HDSBytes.Load() == 0 && time.Now().Before(end); {
+			for end := time.Now().Add(5 * time.Second); st.SKBLinear.Load()+st.SKBNonlinear.Load() == 0 && time.Now().Before(end); {
 				time.Sleep(time.Millisecond)
+			}
+			if got := st.SKBLinear.Load(); got != wantLinear {
+				t.Errorf("rx_skb_linear: got %d, want %d", got, wantLinear)
+			}
+			if wantLinear == 1 {
+				want = 0 // nothing copied
 			}
 			if got := st.TunnelDecap.Load(); got != 1 {
 				t.Errorf("rx_tunnel_decap: got %d, want 1", got)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // errTestWire is what failingWire's Read returns once told to fail.
@@ -63,10 +64,7 @@ func TestWireReadError(t *testing.T) {
 
 	a, peer := NewMemPair(16, VirtioNetHdrLen+maxLROFrame)
 	w := &failingWire{MemWire: a}
-	pool, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Poison: true})
 	var cfg Config
 	copy(cfg.MAC[:], pkDstMAC)
 	cfg.Pool = pool
@@ -127,10 +125,7 @@ func TestWireReadError(t *testing.T) {
 func TestDoneAfterClose(t *testing.T) {
 	for _, start := range []bool{true, false} {
 		a, peer := NewMemPair(4, VirtioNetHdrLen+maxLROFrame)
-		pool, err := bufpool.New(bufpool.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		pool := testutil.NewPool(t, bufpool.Config{})
 		cfg := Config{Pool: pool}
 		d, err := New(a, cfg)
 		if err != nil {

@@ -2,6 +2,7 @@ package gro
 
 import (
 	"fmt"
+	"github.com/ustack/ustack/internal/testutil"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
@@ -95,7 +96,7 @@ func (t *templates) release() {
 // TestNoAllocs pins Receive and EndBatch at zero heap allocations per
 // packet in steady state.
 func TestNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, wl := range workloads() {

@@ -361,8 +361,17 @@ func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
 // moved) and ent's counts include it.
 func (e *Engine) append(ent *entry, p *bufpool.Packet, s *segInfo) {
 	t := ent.tail
+	headFrag := p.Head != nil && len(p.Linear) > s.hlen &&
+		len(t.Frags)+1+len(p.Frags) <= min(maxSKBFrags, cap(t.Frags))
 	if len(p.Linear) == s.hlen && moveFrags(t, p, s) {
 		// "if (headlen <= offset)": the frags moved.
+	} else if headFrag {
+		// "else if (skb->head_frag)": a linear part holding payload
+		// that is a head frag (built over its RX buffer) gives its
+		// payload, in its page, as a frag ahead of p's own frags
+		// (NAPI_GRO_FREE_STOLEN_HEAD); they fit, checked above.
+		t.Frags = append(t.Frags, p.TakeHead(s.hlen))
+		moveFrags(t, p, s)
 	} else {
 		// The slow way (skb_gro_receive's merge: label, the frag_list):
 		// p keeps its headers; the consumer skips HdrLen bytes of it.

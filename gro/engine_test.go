@@ -3,28 +3,18 @@ package gro
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-// TestMain fails the run if a page of any test pool is still out.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testPoolsMu.Lock()
-	for i, p := range testPools {
-		if n := p.InUse(); n != 0 && code == 0 {
-			fmt.Fprintf(os.Stderr, "pool %d: %d pages still in use after the tests\n", i, n)
-			code = 1
-		}
-	}
-	testPoolsMu.Unlock()
-	os.Exit(code)
-}
+// TestMain fails the run if a test leaves a goroutine running or a page
+// of a testutil pool out.
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // rule is one table case: frames fed in one batch, what is held before
 // EndBatch, and which frames each delivered packet holds.
@@ -287,7 +277,7 @@ func TestRules(t *testing.T) {
 }
 
 func runRule(t *testing.T, r rule, v6 bool, l layout) {
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	w := newWire(t, pool)
 	c := &collect{}
 	defer func() {
@@ -427,7 +417,7 @@ func TestFragCoalescing(t *testing.T) {
 		{"payloads apart on one page", layoutSplit, []int{900, 900, 900}, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := newPool(t)
+			pool := testutil.NewPoisonPool(t)
 			w := newWire(t, pool)
 			c := &collect{}
 			e := New(Config{}, c)
@@ -511,7 +501,7 @@ func TestFlushTimeout(t *testing.T) {
 		}, st("rx_gro_flush_timeout", 1, "rx_gro_flush_batch_end", 2)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := newPool(t)
+			pool := testutil.NewPoisonPool(t)
 			w := newWire(t, pool)
 			c := &collect{}
 			e := New(Config{FlushTimeout: tc.timeout}, c)
@@ -552,7 +542,7 @@ func TestFlushTimeout(t *testing.T) {
 func TestEvict(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("v6=%v", v6), func(t *testing.T) {
-			pool := newPool(t)
+			pool := testutil.NewPoisonPool(t)
 			w := newWire(t, pool)
 			c := &collect{}
 			e := New(Config{}, c)
@@ -649,7 +639,7 @@ func TestSegsBucket(t *testing.T) {
 // TestBytesCounter checks rx_gro_bytes: the Ethernet header plus the merged
 // IP length.
 func TestBytesCounter(t *testing.T) {
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	w := newWire(t, pool)
 	r := &releaser{}
 	e := New(Config{}, r)
@@ -667,7 +657,7 @@ func TestBytesCounter(t *testing.T) {
 // TestStatsConcurrentRead reads the counters from another goroutine while
 // the engine runs (meaningful under -race).
 func TestStatsConcurrentRead(t *testing.T) {
-	pool := newPool(t)
+	pool := testutil.NewPoisonPool(t)
 	tm := newTemplates(t, pool, workload{"tcp4", layoutSplit, tcpWrites(false, 1)})
 	defer tm.release()
 	e := New(Config{}, &releaser{})

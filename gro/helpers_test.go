@@ -3,7 +3,7 @@ package gro
 import (
 	"bytes"
 	"fmt"
-	"sync"
+	"github.com/ustack/ustack/internal/testutil"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
@@ -46,24 +46,9 @@ type wire struct {
 	off  int
 }
 
-// testPools are the pools created by newPool; TestMain checks that no page
-// of any of them is still out.
-var (
-	testPoolsMu sync.Mutex
-	testPools   []*bufpool.Pool
-)
-
-func newPool(t testing.TB) *bufpool.Pool {
-	t.Helper()
-	p, err := bufpool.New(bufpool.Config{Poison: true})
-	if err != nil {
-		t.Fatalf("bufpool.New: %v", err)
-	}
-	testPoolsMu.Lock()
-	testPools = append(testPools, p)
-	testPoolsMu.Unlock()
-	return p
-}
+// newPool returns a poisoning pool whose pages testutil's TestMain checks
+// came back.
+func newPool(t testing.TB) *bufpool.Pool { return testutil.NewPoisonPool(t) }
 
 func newWire(t testing.TB, pool *bufpool.Pool) *wire { return &wire{t: t, pool: pool} }
 

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"text/tabwriter"
 	"time"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // soak is the duration of TestSoak (soak_test.go): 0, the default, runs it
@@ -22,7 +24,8 @@ var soak = flag.Duration("soak", 0, "run TestSoak for this long (0: a short smok
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	code := m.Run()
+	// testutil.Run: the tests, then no goroutine of theirs may be left.
+	code := testutil.Run(m)
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
@@ -61,7 +64,8 @@ func (t *tally) notePeaks(rss, pages int64) {
 
 var (
 	talliesMu sync.Mutex
-	tallies   = map[string]*tally{}
+	// +checklocks:talliesMu
+	tallies = map[string]*tally{}
 )
 
 // record returns the tally of the named row (a test's name), creating it.

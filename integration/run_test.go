@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // The ustack binary, built once for the tests that need it (see
@@ -42,7 +43,7 @@ func ustackBinary(t *testing.T) string {
 		}
 		binPath = filepath.Join(binDir, "ustack")
 		args := []string{"build", "-o", binPath}
-		if raceEnabled {
+		if testutil.RaceEnabled {
 			args = append(args, "-race")
 		}
 		args = append(args, "github.com/ustack/ustack/cmd/ustack")
@@ -63,7 +64,8 @@ func ustackBinary(t *testing.T) string {
 // syncBuffer is a bytes.Buffer that a command may write while the test
 // reads it.
 type syncBuffer struct {
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	buf bytes.Buffer
 }
 

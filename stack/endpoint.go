@@ -7,8 +7,9 @@ import (
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/gro"
@@ -23,9 +24,11 @@ type linkEndpoint struct {
 	mtu  uint32
 	addr tcpip.LinkAddress
 
-	mu         sync.RWMutex
-	dispatcher stack.NetworkDispatcher // +checklocks:mu
-	onClose    func()                  // +checklocks:mu
+	mu sync.RWMutex
+	// +checklocks:mu
+	dispatcher gstack.NetworkDispatcher
+	// +checklocks:mu
+	onClose func()
 
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered, or nil
@@ -52,8 +55,9 @@ type linkEndpoint struct {
 	epoch      time.Time
 	now        int64 // the current batch's clock (ns since epoch), 0 between batches
 
-	txMu  sync.Mutex
-	parts [][]byte // +checklocks:txMu
+	txMu sync.Mutex
+	// +checklocks:txMu
+	parts [][]byte
 
 	// zw records the windows ustack advertises (written under txMu)
 	// and hands gVisor the ACKs it would drop at a closed window.
@@ -66,34 +70,119 @@ type linkEndpoint struct {
 	csum csumCheck
 }
 
-var _ stack.LinkEndpoint = (*linkEndpoint)(nil)
-var _ stack.GSOEndpoint = (*linkEndpoint)(nil)
+var _ gstack.LinkEndpoint = (*linkEndpoint)(nil)
+var _ gstack.GSOEndpoint = (*linkEndpoint)(nil)
 var _ driver.Handler = (*linkEndpoint)(nil)
 
 func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkEndpoint {
 	return &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
 }
 
-// Deliver takes one received packet from the poll loop: into the GRO
-// engine when there is one, else straight to gVisor. Called by the poll
-// loop only.
+// Deliver is the receive pipeline: the poll loop hands it each frame the
+// NIC model accepted (driver.Handler), and the call owns it. Before
+// Deliver the driver has parsed the frame, verified its checksums, laid it
+// out (LRO, header split), decapsulated it if it came through the tunnel
+// (Config.Tunnel) and recorded it as read (Config.PcapWire). The stages,
+// in order, each with the switch that controls it; a stage that ends the
+// packet's way owns it from then on (it releases or queues it), one that
+// is read only never does:
+//
+//  1. XDP (Config.XDP; runXDP, xdp.go), as the kernel's do_xdp_generic:
+//     the program's verdict drops the frame, sends it back out (XDP_TX),
+//     redirects it to a cpumap worker (Config.CPUMap), which runs stages 2
+//     to 10 on its CPU as cpu_map_kthread_run does, with a GRO engine of
+//     its own unless Config.NoCPUMapGRO, or copies it into the AF_XDP
+//     socket bound by Stack.BindXSK (toXSK, xsk.go). XDP_PASS goes on.
+//  2. GRO (on unless Config.NoGRO; Config.GROFlushTimeout), as
+//     napi_gro_receive: package gro holds the packet to merge with its
+//     flow's next segments (TCP segments; UDP datagrams into trains) and
+//     hands each packet it lets go, merged or not, to groSink, at once or
+//     at Flush. Stages 3 to 10 are toGVisor, for each such packet (every
+//     packet without GRO).
+//  3. Page statistics (always; pageStats.count, pages.go), read only:
+//     rx_pkt_pages_*.
+//  4. UDP trains (Stack.ListenUDPTrains; trainTable.deliver, train.go): a
+//     UDP packet for a port a TrainConn has bound is queued to it whole,
+//     its payload left in the RX pages, as udp_queue_rcv_skb queues a GRO
+//     train for a socket with UDP_GRO. Not recorded by pcap.
+//  5. Zero-window ACKs (always; zeroWindow.ackFirst, zerowindow.go): a TCP
+//     segment that gVisor would reject at ustack's closed window and
+//     Linux's tcp_sequence would take is preceded by a pure ACK built from
+//     it; the segment goes on.
+//  6. The TCP memory hard limit (Config.TCPMemLimit; tcpMemRefuse,
+//     tcpmem_governor.go): a data segment of a flow refused memory is
+//     counted and dropped, its ACK delivered alone, as tcp_data_queue
+//     drops past tcp_mem[2].
+//  7. UDP split (always; splitUDP, udpsplit.go): a UDP train that no
+//     TrainConn took goes to gVisor as its datagrams, payload copied once,
+//     as udp_rcv_segment splits one for a socket without UDP_GRO.
+//  8. Copy or lend (Config.ZeroCopy; toGVisor's copy, or lendToGVisor
+//     with lendAfter in zerocopy.go): the headers become a view of their
+//     own, and the payload is copied once into a gVisor view, or lent to
+//     gVisor as views of its RX pages. The packet is released either way.
+//  9. Pcap (Config.Pcap; PcapWriter, pcap.go), read only: the frame as
+//     gVisor gets it, recorded by stage 7 (the train once, whole) or 8.
+//  10. Dispatch (Config.Tunnel; dispatch, and tunnelEndpoint.deliver in
+//     tunnel.go): a frame for one of the tunnel's inner addresses goes to
+//     the tunnel's gVisor NIC, any other to the wire's, as
+//     netif_receive_skb hands a packet to its device's ip_rcv or ipv6_rcv.
+//
+// Deliver is called by the poll loop only; stages 2 to 10 also run on the
+// cpumap workers.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 	if e.xdp != nil && e.runXDP(pkt) {
-		return
+		return // stage 1: consumed by the XDP program
 	}
 	if e.gro != nil {
-		e.gro.Receive(pkt, e.nowNS())
+		e.gro.Receive(pkt, e.nowNS()) // stage 2: out through groSink
 		return
 	}
 	e.toGVisor(pkt)
 }
 
-// toGVisor hands a packet to gVisor and releases it: the linear part
-// becomes a small view of its own (so that gVisor's header parsing never
-// touches the payload's chunk), the payload (frags, then the payload of any
-// packets chained by GRO's slow path) is copied once into a second view,
-// and the RX pages go back to the pool at once. With zero copy, the payload
-// frags are lent to gVisor as views of their pages instead (zerocopy.go).
+// groSink hands the GRO engines' output to toGVisor (Deliver's stage 2 to
+// 3).
+type groSink linkEndpoint
+
+func (s *groSink) Deliver(p *bufpool.Packet) { (*linkEndpoint)(s).toGVisor(p) }
+
+// nowNS returns the poll batch's clock, read once per batch.
+func (e *linkEndpoint) nowNS() int64 {
+	if e.now == 0 {
+		e.now = time.Since(e.epoch).Nanoseconds() + 1
+	}
+	return e.now
+}
+
+// toGVisor hands a packet to gVisor and releases it. The buffer gVisor gets
+// has the structure of the skb GRO built: the linear part as a view of its
+// own (so that gVisor's header parsing never touches the payload's chunk),
+// the head's frags as a second view, and each packet chained on its
+// frag_list (GRO's slow path) as one more view of that packet's payload, as
+// the kernel keeps each chained skb as a buffer of its own
+// (skb_gro_receive's merge: path). In copy mode the payload is copied once
+// into those views and the RX pages go back to the pool at once; with zero
+// copy, the payload frags are lent to gVisor as views of their pages
+// instead (zerocopy.go). Either way the views go in with Buffer.Merge, not
+// Append, which would copy the start of a view into the spare room of the
+// view before it and so blur the boundaries.
+//
+// Receive memory: the kernel charges a frag_list packet more than a frags
+// one of the same length (skb_gro_receive adds a chained skb's whole
+// truesize, its head included, where the frags path adds only the frags'
+// truesize), and tcp_try_rmem_schedule and the window (tcp_space, the
+// len/truesize scaling_ratio) see it. gVisor charges a segment
+// segSize + PacketBuffer.MemSize, that is its bytes (Buffer.Size) plus
+// fixed struct sizes, not the capacity of its views, so the views' sizes
+// cannot tell it more. The only lever from outside is
+// PacketBufferOptions.ReserveHeaderBytes, which allocates and zeroes the
+// reserve it makes gVisor count: ustack would hold the memory in order to be
+// charged for it, and pay a memclr per chained packet the kernel does not.
+// So ustack does not inflate gVisor's accounting; a frag_list packet costs
+// what it costs here: one more view, and one more copy, per chained packet
+// (rx_gro_frag_list counts them). driver's package doc says the same.
+//
+// It is Deliver's stages 3 to 10 (see there) and takes pkt.
 func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	e.pages.count(pkt)
 	if e.dropBadCsum(pkt) {
@@ -117,21 +206,10 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 		e.lendToGVisor(pkt)
 		return
 	}
-	var payload *buffer.View
-	if n := pkt.TotalLen() - len(pkt.Linear) - chainHeaders(pkt); n > 0 {
-		payload = buffer.NewView(n)
-		writeAfter(payload, pkt, len(pkt.Linear))
-	}
-	if e.pcap != nil {
-		var b []byte
-		if payload != nil {
-			b = payload.AsSlice()
-		}
-		e.pcap.WriteFrame(time.Now(), pkt.Linear, b)
-	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
-	if payload != nil {
-		buf.Append(payload)
+	copyViewsAfter(&buf, pkt, len(pkt.Linear))
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), buf.Flatten())
 	}
 	e.dispatch(buf)
 }
@@ -150,7 +228,8 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
 }
 
 // dispatch delivers one frame, owned by the call, to gVisor: to the
-// tunnel's NIC if it is for one of its addresses, else to the wire's.
+// tunnel's NIC if it is for one of its addresses, else to the wire's
+// (Deliver's stage 10).
 func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 	if e.tunnel != nil && e.tunnel.deliver(&buf) {
 		return
@@ -162,7 +241,7 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 		buf.Release()
 		return
 	}
-	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
+	pb := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buf})
 	defer pb.DecRef()
 	hdr, ok := pb.LinkHeader().Consume(header.EthernetMinimumSize)
 	if !ok {
@@ -189,6 +268,39 @@ func writeAfter(v *buffer.View, p *driver.Packet, skip int) {
 	for w := p.Walk(skip); w.Next(); {
 		v.Write(w.Bytes())
 	}
+}
+
+// copyViewsAfter copies p's bytes from offset skip on, and its chain's payload
+// (bufpool.Packet.Walk), into views it appends to b: one for p's bytes, one
+// for each chained packet's, so that b's views end where the packets do.
+// Packets with no bytes to give add no view. p stays the caller's.
+func copyViewsAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
+	var v *buffer.View
+	var q *driver.Packet // the packet v holds the bytes of
+	for w := p.Walk(skip); w.Next(); {
+		if w.Packet() != q {
+			appendView(b, v)
+			q = w.Packet()
+			from := q.HdrLen
+			if q == p {
+				from = skip
+			}
+			v = buffer.NewView(q.Len - min(from, q.Len))
+		}
+		v.Write(w.Bytes())
+	}
+	appendView(b, v)
+}
+
+// appendView appends v (which it takes, nil: none) to b as a view of its
+// own. Buffer.Append would copy what fits into the spare room of b's last
+// view instead.
+func appendView(b *buffer.Buffer, v *buffer.View) {
+	if v == nil {
+		return
+	}
+	one := buffer.MakeWithView(v)
+	b.Merge(&one)
 }
 
 // Flush ends a poll batch. When the ring is drained, GRO flushes what it
@@ -219,58 +331,58 @@ func (e *linkEndpoint) Flush(more bool) time.Duration {
 // work: one tick of a HZ=1000 kernel.
 const jiffy = time.Millisecond
 
-// MTU implements stack.LinkEndpoint.
+// MTU implements gstack.LinkEndpoint.
 func (e *linkEndpoint) MTU() uint32 { return e.mtu }
 
-// SetMTU implements stack.LinkEndpoint. The MTU is fixed by the driver.
+// SetMTU implements gstack.LinkEndpoint. The MTU is fixed by the driver.
 func (e *linkEndpoint) SetMTU(uint32) {}
 
-// MaxHeaderLength implements stack.LinkEndpoint.
+// MaxHeaderLength implements gstack.LinkEndpoint.
 func (e *linkEndpoint) MaxHeaderLength() uint16 { return header.EthernetMinimumSize }
 
-// LinkAddress implements stack.LinkEndpoint.
+// LinkAddress implements gstack.LinkEndpoint.
 func (e *linkEndpoint) LinkAddress() tcpip.LinkAddress { return e.addr }
 
-// SetLinkAddress implements stack.LinkEndpoint. The address is fixed: the
+// SetLinkAddress implements gstack.LinkEndpoint. The address is fixed: the
 // NIC model filters on it.
 func (e *linkEndpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
-// Capabilities implements stack.LinkEndpoint. Receive checksums are the NIC
+// Capabilities implements gstack.LinkEndpoint. Receive checksums are the NIC
 // model's job (it verifies what the wire does not vouch for); transmit
 // checksums of TCP are left to the kernel through NEEDS_CSUM via host GSO.
-func (e *linkEndpoint) Capabilities() stack.LinkEndpointCapabilities {
-	return stack.CapabilityRXChecksumOffload | stack.CapabilityResolutionRequired
+func (e *linkEndpoint) Capabilities() gstack.LinkEndpointCapabilities {
+	return gstack.CapabilityRXChecksumOffload | gstack.CapabilityResolutionRequired
 }
 
-// GSOMaxSize implements stack.GSOEndpoint.
+// GSOMaxSize implements gstack.GSOEndpoint.
 func (e *linkEndpoint) GSOMaxSize() uint32 { return 1 << 16 }
 
-// SupportedGSO implements stack.GSOEndpoint: the kernel behind the TAP
+// SupportedGSO implements gstack.GSOEndpoint: the kernel behind the TAP
 // segments (TSO) and completes checksums for us.
-func (e *linkEndpoint) SupportedGSO() stack.SupportedGSO { return stack.HostGSOSupported }
+func (e *linkEndpoint) SupportedGSO() gstack.SupportedGSO { return gstack.HostGSOSupported }
 
-// Attach implements stack.LinkEndpoint.
-func (e *linkEndpoint) Attach(d stack.NetworkDispatcher) {
+// Attach implements gstack.LinkEndpoint.
+func (e *linkEndpoint) Attach(d gstack.NetworkDispatcher) {
 	e.mu.Lock()
 	e.dispatcher = d
 	e.mu.Unlock()
 }
 
-// IsAttached implements stack.LinkEndpoint.
+// IsAttached implements gstack.LinkEndpoint.
 func (e *linkEndpoint) IsAttached() bool {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return e.dispatcher != nil
 }
 
-// Wait implements stack.LinkEndpoint.
+// Wait implements gstack.LinkEndpoint.
 func (e *linkEndpoint) Wait() {}
 
-// ARPHardwareType implements stack.LinkEndpoint.
+// ARPHardwareType implements gstack.LinkEndpoint.
 func (e *linkEndpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareEther }
 
-// AddHeader implements stack.LinkEndpoint.
-func (e *linkEndpoint) AddHeader(pkt *stack.PacketBuffer) {
+// AddHeader implements gstack.LinkEndpoint.
+func (e *linkEndpoint) AddHeader(pkt *gstack.PacketBuffer) {
 	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
 	eth.Encode(&header.EthernetFields{
 		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
@@ -279,8 +391,8 @@ func (e *linkEndpoint) AddHeader(pkt *stack.PacketBuffer) {
 	})
 }
 
-// ParseHeader implements stack.LinkEndpoint.
-func (e *linkEndpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
+// ParseHeader implements gstack.LinkEndpoint.
+func (e *linkEndpoint) ParseHeader(pkt *gstack.PacketBuffer) bool {
 	hdr, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	if ok {
 		pkt.NetworkProtocolNumber = header.Ethernet(hdr).Type()
@@ -288,7 +400,7 @@ func (e *linkEndpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
 	return ok
 }
 
-// Close implements stack.LinkEndpoint.
+// Close implements gstack.LinkEndpoint.
 func (e *linkEndpoint) Close() {
 	e.mu.Lock()
 	f := e.onClose
@@ -299,15 +411,15 @@ func (e *linkEndpoint) Close() {
 	}
 }
 
-// SetOnCloseAction implements stack.LinkEndpoint.
+// SetOnCloseAction implements gstack.LinkEndpoint.
 func (e *linkEndpoint) SetOnCloseAction(f func()) {
 	e.mu.Lock()
 	e.onClose = f
 	e.mu.Unlock()
 }
 
-// WritePackets implements stack.LinkWriter.
-func (e *linkEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+// WritePackets implements gstack.LinkWriter.
+func (e *linkEndpoint) WritePackets(pkts gstack.PacketBufferList) (int, tcpip.Error) {
 	n := 0
 	for _, pkt := range pkts.AsSlice() {
 		if err := e.writePacket(pkt); err != nil {
@@ -321,9 +433,9 @@ func (e *linkEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 	return n, nil
 }
 
-func (e *linkEndpoint) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
+func (e *linkEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 	var h driver.VirtioNetHdr
-	if g := pkt.GSOOptions; g.Type != stack.GSONone {
+	if g := pkt.GSOOptions; g.Type != gstack.GSONone {
 		h.HdrLen = uint16(pkt.HeaderSize())
 		if g.NeedsCsum {
 			h.Flags = driver.VirtioNetHdrFNeedsCsum
@@ -332,9 +444,9 @@ func (e *linkEndpoint) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		}
 		if pkt.Data().Size() > int(g.MSS) {
 			switch g.Type {
-			case stack.GSOTCPv4:
+			case gstack.GSOTCPv4:
 				h.GSOType = driver.VirtioNetHdrGSOTCPv4
-			case stack.GSOTCPv6:
+			case gstack.GSOTCPv6:
 				h.GSOType = driver.VirtioNetHdrGSOTCPv6
 			}
 			if h.GSOType != driver.VirtioNetHdrGSONone {

@@ -8,6 +8,7 @@ import (
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // captureDispatcher keeps a flat copy of every packet delivered to it.
@@ -36,10 +37,7 @@ func testDeliverChain(t *testing.T, zc bool) {
 	if zc {
 		pc.Memory = newViewMemory()
 	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, pc)
 	page, err := pool.Get()
 	if err != nil {
 		t.Fatal(err)

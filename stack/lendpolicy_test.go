@@ -12,6 +12,7 @@ import (
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // lendRig is a zero-copy link endpoint over a pool of chunk pages, with a
@@ -24,10 +25,7 @@ type lendRig struct {
 
 func newLendRig(t *testing.T, maxLent int) *lendRig {
 	t.Helper()
-	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 64, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), RingSize: 64, Poison: true})
 	r := &lendRig{pool: pool}
 	r.ep = &linkEndpoint{lend: newLendStats(pool, maxLent)}
 	r.ep.Attach(&keepDispatcher{keep: &r.held})

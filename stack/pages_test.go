@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // TestPageStatsCount pins what pageStats.count counts: the distinct pages
@@ -11,13 +12,11 @@ import (
 // its chain's included, in the histogram, and for merged packets in
 // rx_gro_pkt_pages / rx_gro_pkt_paged.
 func TestPageStatsCount(t *testing.T) {
-	pool, err := bufpool.New(bufpool.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{})
 	defer pool.Close()
 	var pages [3]*bufpool.Page
 	for i := range pages {
+		var err error
 		if pages[i], err = pool.Get(); err != nil {
 			t.Fatal(err)
 		}

@@ -14,11 +14,14 @@ import (
 // tcpdump and Wireshark. It is safe for concurrent use; each frame is given
 // as the parts it is made of so that callers need not flatten it.
 type PcapWriter struct {
-	mu  sync.Mutex
-	f   *os.File      // nil when writing to a plain io.Writer
-	w   *bufio.Writer // +checklocks:mu
-	err error         // +checklocks:mu
-	hdr [16]byte      // +checklocks:mu
+	mu sync.Mutex
+	f  *os.File // nil when writing to a plain io.Writer
+	// +checklocks:mu
+	w *bufio.Writer
+	// +checklocks:mu
+	err error
+	// +checklocks:mu
+	hdr [16]byte
 }
 
 const (

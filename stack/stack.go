@@ -6,6 +6,15 @@
 //
 // A Stack is safe for concurrent use. Close stops the driver, closes every
 // connection and returns every RX page to the pool.
+//
+// The receive path is one pipeline, the link endpoint's Deliver
+// (endpoint.go, whose doc lists the stages in order with their Config
+// switches): XDP and cpumap (xdp.go, xsk.go), GRO, UDP trains (train.go)
+// and their split (udpsplit.go), zero-window ACKs (zerowindow.go), the TCP
+// memory limit (tcpmem_governor.go), copy or zero-copy lending
+// (zerocopy.go), pcap (pcap.go) and the tunnel's NIC (tunnel.go). The
+// header reads these stages share are in headers.go, on gVisor's header
+// views.
 package stack
 
 import (

@@ -84,20 +84,29 @@ func (l *tcpListener) Addr() net.Addr {
 // copying it, with ReadViews.
 type TCPConn struct {
 	*gonet.TCPConn
-	s  *Stack
+	s  *Stack // +checklocksignore: set by newTCPConn, read-only after
 	ep tcpip.Endpoint
 	wq *waiter.Queue
 
 	// ReadViews' state, under readMu.
-	readMu   sync.Mutex
-	w        viewWriter
-	entry    waiter.Entry
-	ready    chan struct{}
+	readMu sync.Mutex
+	// +checklocks:readMu
+	w viewWriter
+	// +checklocks:readMu
+	entry waiter.Entry
+	// +checklocks:readMu
+	ready chan struct{}
+	// +checklocks:readMu
 	timer    *time.Timer
 	deadline atomic.Int64 // read deadline, Unix ns; 0: none
-	copies   *bufpool.Pool
-	cur      *bufpool.Page // the copy page being filled, one reference
-	curOff   int
+	// +checklocks:readMu
+	copies *bufpool.Pool
+	// +checklocks:readMu
+	cur *bufpool.Page // the copy page being filled, one reference
+	// +checklocks:readMu
+	curOff int
+	// +checklocks:readMu
+	page int // the RX pool's base page size (PAGE_SIZE), once known
 
 	stats ViewStats
 }
@@ -144,10 +153,11 @@ func (c *TCPConn) Close() error {
 }
 
 // A View is a read-only window on received payload that ReadViews handed to
-// the application without copying it: part of an RX page, which the NIC
-// does not write to again before Release. Payload that was not in an RX
-// page (zero copy off, or bytes gVisor copied itself) comes in views of
-// pages of the connection's own, filled by a copy.
+// the application without copying it: a whole RX page, which the NIC does
+// not write to again before Release. Payload in less than a whole page, and
+// payload that was not in an RX page (zero copy off, or bytes gVisor copied
+// itself), comes in views of pages of the connection's own, filled by a
+// copy.
 type View struct {
 	b  []byte
 	v  *buffer.View  // mapped: a reference on the RX page's chunk
@@ -175,20 +185,39 @@ func (v *View) Release() {
 	*v = View{}
 }
 
-// ViewStats counts what ReadViews handed over on a connection.
+// ViewStats counts what ReadViews handed over on a connection. The
+// mappable share, tcp_mmap's "% data was mmap()ed", is MappedBytes /
+// (MappedBytes + CopiedBytes).
 type ViewStats struct {
-	// MappedBytes were handed over in place, in RX pages; PageBytes of
-	// them in views that are a whole page (the share tcp_mmap can map).
+	// MappedBytes were handed over in place: whole RX pages, all that
+	// tcp_zerocopy_receive maps. PageBytes, the bytes of mapped views that
+	// are a whole page, equals it since only whole pages are mapped; it
+	// stays for the callers that read it.
 	MappedBytes, PageBytes uint64
-	// CopiedBytes were copied into the connection's own pages.
-	CopiedBytes uint64
+	// CopiedBytes were copied into the connection's own pages;
+	// CopybufBytes of them lay in RX pages but not in a whole page, what
+	// the kernel copies into the copy buffer (tcp_zc_handle_leftover,
+	// zc->copybuf_len) or leaves to recv (recv_skip_hint). The rest of
+	// CopiedBytes was not in an RX page at all.
+	CopiedBytes, CopybufBytes uint64
 	// Views is the number of views handed over.
 	Views uint64
 }
 
+// plus returns st with o's counts added.
+func (st ViewStats) plus(o ViewStats) ViewStats {
+	return ViewStats{
+		MappedBytes:  st.MappedBytes + o.MappedBytes,
+		PageBytes:    st.PageBytes + o.PageBytes,
+		CopiedBytes:  st.CopiedBytes + o.CopiedBytes,
+		CopybufBytes: st.CopybufBytes + o.CopybufBytes,
+		Views:        st.Views + o.Views,
+	}
+}
+
 // viewTotals are the stack's ReadViews counters, over every connection.
 type viewTotals struct {
-	mapped, page, copied, views atomic.Uint64
+	mapped, page, copied, copybuf, views atomic.Uint64
 }
 
 // add adds one read's counts to the totals.
@@ -196,6 +225,7 @@ func (t *viewTotals) add(st ViewStats) {
 	t.mapped.Add(st.MappedBytes)
 	t.page.Add(st.PageBytes)
 	t.copied.Add(st.CopiedBytes)
+	t.copybuf.Add(st.CopybufBytes)
 	t.views.Add(st.Views)
 }
 
@@ -203,6 +233,7 @@ func (t *viewTotals) each(fn func(string, uint64)) {
 	fn("zc_read_mapped_bytes", t.mapped.Load())
 	fn("zc_read_page_bytes", t.page.Load())
 	fn("zc_read_copied_bytes", t.copied.Load())
+	fn("zc_read_copybuf_bytes", t.copybuf.Load())
 	fn("zc_read_views", t.views.Load())
 }
 
@@ -220,30 +251,40 @@ func (c *TCPConn) Retransmits() uint64 {
 	return 0
 }
 
-// ReadViews reads up to max bytes of payload without copying it: it appends
-// views of the RX pages that hold them to vs and returns the result and the
-// number of bytes. It blocks until at least one byte is there, like Read,
-// and returns io.EOF once the peer closed and everything was read. Each view
-// must be released; until then its page stays out of the pool. Views end
-// where the stack's buffers end: with hardware GRO coalescing, those are
-// page-sized. Pass vs[:0] of a reused slice to read without allocating.
+// ReadViews reads up to max bytes of payload, without copying what it can:
+// it appends views of the RX pages that hold them to vs and returns the
+// result and the number of bytes. It follows tcp_mmap's rule
+// (tcp_zerocopy_receive): only a whole, page-aligned page of the RX pool is
+// handed over in place; the rest (parts of pages) is copied into the
+// connection's own pages, as the kernel leaves it to the copy buffer or
+// recv. A whole page that max cuts is left for the next read, unless it is
+// the first thing read. So the mappable share depends on the receive path:
+// with hardware GRO coalescing frags are whole pages, with software GRO and
+// MTU-sized frames they are not. It blocks until at least one byte is
+// there, like Read, and returns io.EOF once the peer closed and everything
+// was read. Each view must be released; until then its page stays out of
+// the pool. Pass vs[:0] of a reused slice to read without allocating.
 func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
 	if max <= 0 {
 		return vs, 0, nil
 	}
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
-	c.w = viewWriter{c: c, views: vs, left: max}
+	c.w = viewWriter{c: c, mem: c.s.chunks(), views: vs, left: max}
+	if c.w.mem != nil {
+		if c.page == 0 {
+			st := c.s.drv.Pool().Stats()
+			c.page = st.PageBytes >> st.AllocOrder
+		}
+		c.w.page = c.page
+	}
 	res, err := c.ep.Read(&c.w, tcpip.ReadOptions{})
 	if _, ok := err.(*tcpip.ErrWouldBlock); ok {
 		res, err = c.waitRead()
 	}
 	vs, got := c.w.views, c.w.got
 	c.w = viewWriter{}
-	c.stats.MappedBytes += got.MappedBytes
-	c.stats.PageBytes += got.PageBytes
-	c.stats.CopiedBytes += got.CopiedBytes
-	c.stats.Views += got.Views
+	c.stats = c.stats.plus(got)
 	c.s.views.add(got)
 	if err != nil {
 		if _, ok := err.(*tcpip.ErrClosedForReceive); ok {
@@ -262,6 +303,8 @@ func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
 
 // waitRead waits until ep.Read returns something or the read deadline
 // passes (reported as ErrTimeout).
+//
+// +checklocks:c.readMu
 func (c *TCPConn) waitRead() (tcpip.ReadResult, tcpip.Error) {
 	if c.ready == nil {
 		c.entry, c.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
@@ -311,6 +354,8 @@ func (errTimeout) Temporary() bool { return true }
 const copyPageSize = 64 << 10
 
 // copyView copies as much of b as fits in the current copy page into a view.
+//
+// +checklocks:c.readMu
 func (c *TCPConn) copyView(b []byte) (View, int, error) {
 	if c.copies == nil {
 		p, err := bufpool.New(bufpool.Config{PageSize: bufpool.PageSize64K, RingSize: 64})
@@ -338,16 +383,23 @@ func (c *TCPConn) copyView(b []byte) (View, int, error) {
 }
 
 // viewWriter is the io.Writer ReadViews gives gVisor's Read: gVisor writes
-// the slices of its receive queue, in order, and each becomes a view.
+// the slices of its receive queue (one per view of its buffers: the RX
+// pages' frags as the stack lent them), in order, and each becomes a view.
 type viewWriter struct {
 	c     *TCPConn
+	mem   *viewMemory // the zero-copy stack's RX pages, or nil
+	page  int         // their base page size, with mem
 	views []View
 	left  int
 	got   ViewStats // this read's counts
 }
 
 // Write takes b (or the part of it that fits in what ReadViews may still
-// read) as views. A short write tells gVisor to stop.
+// read) as views: in place if it is a whole RX page (viewMemory.mapPage),
+// else copied. A short write tells gVisor to stop. gVisor's Read calls it
+// from ReadViews, under readMu.
+//
+// +checklocks:w.c.readMu
 func (w *viewWriter) Write(b []byte) (int, error) {
 	n := min(len(b), w.left)
 	if n == 0 {
@@ -355,13 +407,23 @@ func (w *viewWriter) Write(b []byte) (int, error) {
 	}
 	st := &w.got
 	rest := b[:n]
-	if m := w.c.s.chunks(); m != nil {
-		if v := m.view(rest); v != nil {
+	inRX := false
+	if w.mem != nil && n < len(b) && st.MappedBytes+st.CopiedBytes > 0 {
+		// A whole page the limit cuts stays for the next read, as
+		// tcp_zerocopy_receive maps only the whole pages that fit and
+		// leaves the rest queued; with nothing read yet it is copied, as
+		// a zerocopy receive shorter than a page leaves it to recv.
+		if v, _ := w.mem.mapPage(b, w.page); v != nil {
+			v.Release()
+			return 0, io.ErrShortWrite
+		}
+	}
+	if w.mem != nil {
+		var v *buffer.View
+		if v, inRX = w.mem.mapPage(rest, w.page); v != nil {
 			w.views = append(w.views, View{b: rest[:len(rest):len(rest)], v: v})
 			st.MappedBytes += uint64(len(rest))
-			if len(rest) == pageBytes(rest) {
-				st.PageBytes += uint64(len(rest))
-			}
+			st.PageBytes += uint64(len(rest))
 			st.Views++
 			rest = nil
 		}
@@ -374,6 +436,9 @@ func (w *viewWriter) Write(b []byte) (int, error) {
 		}
 		w.views = append(w.views, v)
 		st.CopiedBytes += uint64(m)
+		if inRX {
+			st.CopybufBytes += uint64(m)
+		}
 		st.Views++
 		rest = rest[m:]
 	}
@@ -391,13 +456,4 @@ func (s *Stack) chunks() *viewMemory {
 	}
 	m, _ := s.drv.Pool().Memory().(*viewMemory)
 	return m
-}
-
-// pageBytes returns len(b) if b is one whole, aligned page of the pool's
-// base size (what tcp_mmap could map), else 0.
-func pageBytes(b []byte) int {
-	if len(b) == bufpool.PageSize4K && addr(b)%bufpool.PageSize4K == 0 {
-		return len(b)
-	}
-	return 0
 }

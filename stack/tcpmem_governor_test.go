@@ -14,17 +14,9 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
-)
 
-// memWaitFor polls cond until it holds; the deadline only bounds a failure.
-func memWaitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
+	"github.com/ustack/ustack/internal/testutil"
+)
 
 // rcvBufMax returns the stack's TCP receive buffer range's Max.
 func rcvBufMax(s *Stack) int {
@@ -108,7 +100,7 @@ func TestTCPMemPressure(t *testing.T) {
 	}
 	defer l.Close()
 	dialed, accepted := memConns(t, peer, l, conns+1)
-	memWaitFor(t, "committed memory within the limit", func() bool {
+	testutil.WaitFor(t, "committed memory within the limit", func() bool {
 		return counterValue(rx, "tcp_mem_committed_bytes") <= limit
 	})
 	if v := counterValue(rx, "tcp_mem_pressure"); v != 1 {
@@ -144,7 +136,7 @@ func TestTCPMemPressure(t *testing.T) {
 	if m := <-peak; m > limit {
 		t.Errorf("tcp_mem_committed_bytes during the transfer: peak %d, want <= %d", m, limit)
 	}
-	memWaitFor(t, "the paused connections' queues to fill", func() bool {
+	testutil.WaitFor(t, "the paused connections' queues to fill", func() bool {
 		// gVisor advertises half the free buffer (rcvAdvWndScale, as
 		// Linux's tcp_adv_win_scale 1): at most 64 KiB each here.
 		return counterValue(rx, "tcp_rcv_queued_bytes_current") >= conns*TCPMemFloor/2
@@ -162,7 +154,7 @@ func TestTCPMemPressure(t *testing.T) {
 		accepted[i].Close()
 	}
 	wait()
-	memWaitFor(t, "pressure to end", func() bool { return counterValue(rx, "tcp_mem_pressure") == 0 })
+	testutil.WaitFor(t, "pressure to end", func() bool { return counterValue(rx, "tcp_mem_pressure") == 0 })
 	if got := rcvBufMax(rx); got != rmax {
 		t.Errorf("receive buffer Max after pressure: got %d, want %d", got, rmax)
 	}
@@ -193,16 +185,16 @@ func TestTCPMemHardLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	memWaitFor(t, "the first connections' queues", func() bool {
+	testutil.WaitFor(t, "the first connections' queues", func() bool {
 		return counterValue(rx, "tcp_rcv_queued_bytes_current") == full*filled
 	})
 	if v := counterValue(rx, "tcp_mem_pressure"); v != 0 {
 		t.Fatalf("tcp_mem_pressure with %d connections: got %d, want 0", full, v)
 	}
 	dialed, accepted := memConns(t, peer, l, conns)
-	memWaitFor(t, "the hard limit", func() bool { return counterValue(rx, "tcp_mem_hard_limit") == 1 })
+	testutil.WaitFor(t, "the hard limit", func() bool { return counterValue(rx, "tcp_mem_hard_limit") == 1 })
 	wait := fill(fd, 256<<10)
-	memWaitFor(t, "rx_tcp_mem_drops", func() bool { return counterValue(rx, "rx_tcp_mem_drops") > 0 })
+	testutil.WaitFor(t, "rx_tcp_mem_drops", func() bool { return counterValue(rx, "rx_tcp_mem_drops") > 0 })
 	transfer(t, dialed[0], accepted[0], 1<<20, 7)
 	if got := counterValue(rx, "tcp_rcv_queued_bytes_current"); got > full*filled+full*TCPMemFloor {
 		t.Errorf("tcp_rcv_queued_bytes_current: got %d, want <= %d (the full connections got more than the floor)", got, full*filled+full*TCPMemFloor)
@@ -211,7 +203,7 @@ func TestTCPMemHardLimit(t *testing.T) {
 		c.Close()
 	}
 	wait()
-	memWaitFor(t, "pressure to end", func() bool { return counterValue(rx, "tcp_mem_pressure") == 0 })
+	testutil.WaitFor(t, "pressure to end", func() bool { return counterValue(rx, "tcp_mem_pressure") == 0 })
 	if v := counterValue(rx, "tcp_mem_hard_limit"); v != 0 {
 		t.Errorf("tcp_mem_hard_limit after close: got %d, want 0", v)
 	}
@@ -296,7 +288,7 @@ func TestTCPMemRefuse(t *testing.T) {
 // TestTCPMemRefuseNoAllocs pins the hard limit's cost to the segments it
 // lets pass: a parse and a binary search, no allocation.
 func TestTCPMemRefuseNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	over := []uint64{flowHash(zwLocal4.AsSlice(), zwRemote4.AsSlice(), 7, 40000)}

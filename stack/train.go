@@ -1,7 +1,6 @@
 package stack
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -11,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/buffer"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -170,7 +167,7 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 		return false
 	}
 	l := p.Linear
-	c := (*mp)[binary.BigEndian.Uint16(l[l4+2:])]
+	c := (*mp)[header.UDP(l[l4:]).DestinationPort()]
 	if c == nil {
 		return false
 	}
@@ -198,94 +195,6 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	default:
 	}
 	return true
-}
-
-// udpTrain reports whether p is a UDP packet that aggregates several
-// datagrams (a UDP GRO train), and where its IP and UDP headers are.
-func udpTrain(p *bufpool.Packet) (l3, l4 int, ok bool) {
-	if p.Segs < 2 || p.GSOSize == 0 {
-		return 0, 0, false
-	}
-	return udpHeaders(p)
-}
-
-// splitUDP hands a UDP train to gVisor as the datagrams it was made of, as
-// the kernel does for a socket without UDP_GRO: the payload is copied once
-// into one view, and each datagram gets its own rebuilt headers and a clone
-// of its part of that view.
-func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
-	hdrLen := l4 + header.UDPMinimumSize
-	total := p.TotalLen() - chainHeaders(p) - hdrLen
-	all := buffer.NewView(total)
-	writeAfter(all, p, hdrLen)
-	if e.pcap != nil {
-		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
-	}
-	gso := int(p.GSOSize)
-	for off := 0; off < total; off += gso {
-		n := min(gso, total-off)
-		hv := buffer.NewViewWithData(p.Linear[:hdrLen])
-		h := hv.AsSlice()
-		ip := h[l3:l4]
-		if ip[0]>>4 == 4 {
-			binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+8+n))
-			ip[10], ip[11] = 0, 0
-			checksum.Put(ip[10:], ^checksum.Checksum(ip, 0))
-		} else {
-			binary.BigEndian.PutUint16(ip[4:], uint16(len(ip)-40+8+n))
-		}
-		binary.BigEndian.PutUint16(h[l4+4:], uint16(8+n))
-		pv := all.Clone()
-		pv.TrimFront(off)
-		pv.CapLength(n)
-		buf := buffer.MakeWithView(hv)
-		buf.Append(pv)
-		e.dispatch(buf)
-	}
-	all.Release()
-}
-
-// udpDest returns the destination address of the IP header at l3.
-func udpDest(l []byte, l3 int) netip.Addr {
-	if l[l3]>>4 == 4 {
-		return netip.AddrFrom4([4]byte(l[l3+16 : l3+20]))
-	}
-	return netip.AddrFrom16([16]byte(l[l3+24 : l3+40]))
-}
-
-// udpSource returns the source address and port of a UDP packet.
-func udpSource(l []byte, l3, l4 int) netip.AddrPort {
-	var a netip.Addr
-	if l[l3]>>4 == 4 {
-		a = netip.AddrFrom4([4]byte(l[l3+12 : l3+16]))
-	} else {
-		a = netip.AddrFrom16([16]byte(l[l3+8 : l3+24]))
-	}
-	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(l[l4:]))
-}
-
-// udpHeaders returns the offsets of the IP and UDP headers of a UDP packet
-// whose headers are all in its linear part.
-func udpHeaders(p *bufpool.Packet) (l3, l4 int, ok bool) {
-	l := p.Linear
-	if len(l) < header.EthernetMinimumSize {
-		return 0, 0, false
-	}
-	switch binary.BigEndian.Uint16(l[12:]) {
-	case uint16(header.IPv4ProtocolNumber):
-		if len(l) < 14+20 || l[14+9] != uint8(header.UDPProtocolNumber) {
-			return 0, 0, false
-		}
-		l4 = 14 + int(l[14]&0xf)*4
-	case uint16(header.IPv6ProtocolNumber):
-		if len(l) < 14+40 || l[14+6] != uint8(header.UDPProtocolNumber) {
-			return 0, 0, false
-		}
-		l4 = 14 + 40
-	default:
-		return 0, 0, false
-	}
-	return 14, l4, len(l) >= l4+header.UDPMinimumSize
 }
 
 // copyAfter copies the packet's bytes after skip, and its chain's payload

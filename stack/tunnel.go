@@ -104,20 +104,26 @@ func (c *TunnelConfig) validate(addrs []netip.Prefix) error {
 type tunnelEndpoint struct {
 	mtu     uint32
 	local   tcpip.Address
-	remote4 tcpip.Address
-	remote6 tcpip.Address
+	remote4 tcpip.Address // +checklocksignore: set by newTunnelEndpoint, read-only after
+	remote6 tcpip.Address // +checklocksignore: set by newTunnelEndpoint, read-only after
 	// inner are the inner addresses, in wire form, that the link endpoint
 	// steers to this NIC.
 	inner4 [][4]byte
 	inner6 [][16]byte
 
-	mu         sync.RWMutex
-	dispatcher gstack.NetworkDispatcher // +checklocks:mu
-	onClose    func()                   // +checklocks:mu
-	ip         *gstack.Stack            // +checklocks:mu
-	route4     *gstack.Route            // +checklocks:mu
-	route6     *gstack.Route            // +checklocks:mu
-	closed     bool                     // +checklocks:mu
+	mu sync.RWMutex
+	// +checklocks:mu
+	dispatcher gstack.NetworkDispatcher
+	// +checklocks:mu
+	onClose func()
+	// +checklocks:mu
+	ip *gstack.Stack
+	// +checklocks:mu
+	route4 *gstack.Route
+	// +checklocks:mu
+	route6 *gstack.Route
+	// +checklocks:mu
+	closed bool
 
 	stats tunnelStats
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // tunnelPair builds two stacks on an in-memory wire, each terminating an
@@ -108,13 +109,10 @@ func TestTunnelConfigErrors(t *testing.T) {
 // (zero copy, as TestLendNoAllocs), and checks that a packet for an inner
 // address goes to the tunnel NIC and one for another address to the wire's.
 func TestTunnelDeliverNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
-	pool, err := bufpool.New(bufpool.Config{Memory: newViewMemory(), RingSize: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{Memory: newViewMemory(), RingSize: 64})
 	defer pool.Close()
 	var wire, tunnel nullDispatcher
 	tc := TunnelConfig{Local: netip.MustParseAddr("2001:db8::11"), Remote: netip.MustParseAddr("2001:db8::12"),

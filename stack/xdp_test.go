@@ -12,6 +12,7 @@ import (
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // pairConfig is pair with a whole stack configuration for the receiver.
@@ -32,13 +33,10 @@ func newPair(t testing.TB, rxCfg, peerCfg Config) (rx, peer *Stack) {
 	if rxCfg.ZeroCopy {
 		pc.Memory = newViewMemory()
 	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, pc)
 	rxCfg.Driver.Pool = pool
 	rxCfg.Wire, rxCfg.MAC = a, [6]byte{2, 0, 0, 0, 0, 1}
-	rx, err = New(rxCfg)
+	rx, err := New(rxCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/driver/xsk"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // nullWire is an xsk.Wire that discards: the tests' sockets only receive.
@@ -46,10 +46,7 @@ func newXSKBed(t testing.TB, port uint16, sc xsk.Config, fill int) *xskBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := bufpool.New(bufpool.Config{RingSize: 1 << 12})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, bufpool.Config{RingSize: 1 << 12})
 	rx, err := New(Config{
 		Wire:   a,
 		Addrs:  []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("2001:db8::1/64")},
@@ -127,41 +124,19 @@ type xskFrameSpec struct {
 }
 
 func (s xskFrameSpec) frame() []byte {
-	l3, l4 := header.IPv4MinimumSize, header.UDPMinimumSize
-	proto := header.UDPProtocolNumber
+	f := testutil.Frame{
+		SrcMAC: tcpip.LinkAddress(xskPeerMAC[:]), DstMAC: tcpip.LinkAddress(xskRxMAC[:]),
+		Src: tcpip.AddrFrom4([4]byte{192, 0, 2, 2}), Dst: tcpip.AddrFrom4([4]byte{192, 0, 2, 1}),
+		Proto: header.UDPProtocolNumber, SrcPort: 40000, DstPort: s.dport, Payload: s.payload,
+	}
 	if s.v6 {
-		l3 = header.IPv6MinimumSize
+		f.Src = tcpip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: 2})
+		f.Dst = tcpip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: 1})
 	}
 	if s.tcp {
-		l4, proto = header.TCPMinimumSize, header.TCPProtocolNumber
+		f.Proto, f.Seq, f.Ack, f.Flags, f.Window = header.TCPProtocolNumber, 1, 1, header.TCPFlagAck|header.TCPFlagPsh, 1000
 	}
-	const eth = header.EthernetMinimumSize
-	b := make([]byte, eth+l3+l4+len(s.payload))
-	etype := header.IPv4ProtocolNumber
-	src, dst := tcpip.AddrFrom4([4]byte{192, 0, 2, 2}), tcpip.AddrFrom4([4]byte{192, 0, 2, 1})
-	l4Len := uint16(l4 + len(s.payload))
-	if s.v6 {
-		etype = header.IPv6ProtocolNumber
-		src = tcpip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: 2})
-		dst = tcpip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: 1})
-		header.IPv6(b[eth:]).Encode(&header.IPv6Fields{PayloadLength: l4Len, TransportProtocol: proto, HopLimit: 64, SrcAddr: src, DstAddr: dst})
-	} else {
-		ip := header.IPv4(b[eth:])
-		ip.Encode(&header.IPv4Fields{TotalLength: uint16(l3) + l4Len, TTL: 64, Protocol: uint8(proto), SrcAddr: src, DstAddr: dst})
-		ip.SetChecksum(^ip.CalculateChecksum())
-	}
-	header.Ethernet(b).Encode(&header.EthernetFields{SrcAddr: tcpip.LinkAddress(xskPeerMAC[:]), DstAddr: tcpip.LinkAddress(xskRxMAC[:]), Type: etype})
-	seg := b[eth+l3:]
-	copy(seg[l4:], s.payload)
-	if s.tcp {
-		header.TCP(seg).Encode(&header.TCPFields{SrcPort: 40000, DstPort: s.dport, SeqNum: 1, AckNum: 1,
-			DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagAck | header.TCPFlagPsh, WindowSize: 1000})
-		header.TCP(seg).SetChecksum(^checksum.Checksum(seg, header.PseudoHeaderChecksum(proto, src, dst, l4Len)))
-	} else {
-		header.UDP(seg).Encode(&header.UDPFields{SrcPort: 40000, DstPort: s.dport, Length: l4Len})
-		header.UDP(seg).SetChecksum(^checksum.Checksum(seg, header.PseudoHeaderChecksum(proto, src, dst, l4Len)))
-	}
-	return b
+	return f.Build()
 }
 
 // TestXSKRedirect sends TCP and UDP frames over IPv4 and IPv6 to the
@@ -305,7 +280,7 @@ func TestXSKUnbound(t *testing.T) {
 // into the socket, at zero allocations, with the application recycling
 // the frame through the RX and fill rings.
 func TestXSKRxNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	bed := newXSKBed(t, 7000, xsk.Config{NumFrames: 64, FrameSize: 2048, FillSize: 64, RxSize: 64}, 64)

@@ -23,16 +23,19 @@ import (
 // others share is copy-on-write.
 //
 // TCPConn.ReadViews finds the chunk under each slice gVisor's receive queue
-// hands it (viewMemory indexes its chunks by address) and gives the
-// application a view of that chunk, one more reference on it, instead of a
-// copy: the analogue of tcp_mmap's page flipping.
+// hands it (viewMemory indexes its chunks by address) and, when the slice is
+// a whole page, gives the application a view of that chunk, one more
+// reference on it, instead of a copy: the analogue of tcp_mmap's page
+// flipping, which maps only whole, page-aligned frags and leaves the rest to
+// the copy buffer (tcp_zerocopy_receive, tcp_zc_handle_leftover).
 
 // viewMemory is a bufpool.Memory of gVisor buffer chunks: each page is a
 // view owning one reference on a chunk of exactly the page's size (chunks
 // come in powers of two up to buffer.MaxChunkSize, as pages do). It indexes
 // the chunks it handed out by address, for ReadViews.
 type viewMemory struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	index map[uintptr]*buffer.View // granule -> the page's owning view
 }
 
@@ -85,29 +88,33 @@ func (m *viewMemory) Busy(h any) bool {
 	return !ok || n > 1
 }
 
-// view returns a new view of b, which must lie in a chunk of m, taking a
-// reference on the chunk; nil if b is not in one. The caller holds a view
-// of b's chunk (gVisor's receive queue does), so the chunk cannot be reused
-// meanwhile.
-func (m *viewMemory) view(b []byte) *buffer.View {
+// mapPage returns a new view of b, taking a reference on its chunk, if b is
+// what tcp_zerocopy_receive maps (can_map_frag): one whole page, at offset 0
+// of its page, of size page, the base page size (PAGE_SIZE; a larger page of
+// the pool is a higher-order, compound page, which the kernel does not map
+// either). It returns nil otherwise; in then reports whether b lies in a page
+// of m at all, bytes ReadViews copies by the rule (its copybuf). The caller
+// holds a view of b's chunk (gVisor's receive queue does), so the chunk
+// cannot be reused meanwhile.
+func (m *viewMemory) mapPage(b []byte, page int) (v *buffer.View, in bool) {
 	if len(b) == 0 {
-		return nil
+		return nil, false
 	}
 	a := addr(b)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pv := m.index[a/granule]
 	if pv == nil {
-		return nil
+		return nil, false
 	}
 	base := addr(pv.AsSlice())
 	if a+uintptr(len(b)) > base+uintptr(pv.Size()) {
-		return nil
+		return nil, false
 	}
-	v := pv.Clone()
-	v.TrimFront(int(a - base))
-	v.CapLength(len(b))
-	return v
+	if a != base || len(b) != pv.Size() || len(b) != page {
+		return nil, true
+	}
+	return pv.Clone(), true
 }
 
 // lendMinBytes is the shortest packet payload lent to gVisor; shorter ones
@@ -183,7 +190,9 @@ func (l *lendStats) each(fn func(string, uint64)) {
 }
 
 // lendAfter appends p's bytes from offset skip on, and its chain's payload
-// (bufpool.Packet.Walk), to b: what is left of a linear part as a copy,
+// (bufpool.Packet.Walk), to b, each slice as a view of its own (appendView:
+// a lent view is never cut, so a whole page stays whole for ReadViews):
+// what is left of a linear part as a copy,
 // each frag as a view of its page's chunk (lent), or as a copy when its
 // page is not a chunk, when its packet is short, when too many pages are
 // lent already, when its packet is an IP fragment (gVisor holds those up
@@ -206,7 +215,7 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 		}
 		f := w.Frag()
 		if f == nil {
-			b.Append(buffer.NewViewWithData(w.Bytes()))
+			appendView(b, buffer.NewViewWithData(w.Bytes()))
 			continue
 		}
 		pv, ok := f.Page.Mem().(*buffer.View)
@@ -225,7 +234,7 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 			why = &l.copiedBound
 		}
 		if why != nil {
-			b.Append(buffer.NewViewWithData(w.Bytes()))
+			appendView(b, buffer.NewViewWithData(w.Bytes()))
 			why.Add(1)
 			continue
 		}
@@ -236,7 +245,7 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 		// Lend before the packet's frags are released: the pool must see
 		// the mark by the time the page's count falls back.
 		f.Page.Lend()
-		b.Append(v)
+		appendView(b, v)
 		l.views.Add(1)
 	}
 }

@@ -69,55 +69,6 @@ const (
 	zwValid      = 1 << 53
 )
 
-// tcpHeaders locates the TCP segment in an Ethernet frame's first bytes:
-// the offsets of its IP and TCP headers, the TCP header's length, and its
-// sequence length (payload, plus one for a FIN). ok is false for anything
-// but an unfragmented IPv4 or IPv6 TCP segment whose headers are all in b.
-func tcpHeaders(b []byte) (ip, tcp, tcpLen, segLen int, ok bool) {
-	ip = header.EthernetMinimumSize
-	if len(b) < ip {
-		return
-	}
-	var total int
-	switch binary.BigEndian.Uint16(b[12:]) {
-	case uint16(header.IPv4ProtocolNumber):
-		if len(b) < ip+header.IPv4MinimumSize {
-			return
-		}
-		h := header.IPv4(b[ip:])
-		if h.Protocol() != uint8(header.TCPProtocolNumber) || h.More() || h.FragmentOffset() != 0 {
-			return
-		}
-		tcp = ip + int(h.HeaderLength())
-		total = int(h.TotalLength())
-	case uint16(header.IPv6ProtocolNumber):
-		if len(b) < ip+header.IPv6MinimumSize {
-			return
-		}
-		h := header.IPv6(b[ip:])
-		if h.NextHeader() != uint8(header.TCPProtocolNumber) {
-			return
-		}
-		tcp = ip + header.IPv6MinimumSize
-		total = header.IPv6MinimumSize + int(h.PayloadLength())
-	default:
-		return
-	}
-	if len(b) < tcp+header.TCPMinimumSize {
-		return
-	}
-	tcpLen = int(header.TCP(b[tcp:]).DataOffset())
-	payload := total - (tcp - ip) - tcpLen
-	if tcpLen < header.TCPMinimumSize || len(b) < tcp+tcpLen || payload < 0 {
-		return
-	}
-	segLen = payload
-	if header.TCP(b[tcp:]).Flags().Contains(header.TCPFlagFin) {
-		segLen++
-	}
-	return ip, tcp, tcpLen, segLen, true
-}
-
 // flowHash hashes a TCP flow from ustack's side: its address and port, the
 // peer's. Never 0 (0 marks an empty slot).
 func flowHash(local, remote []byte, lport, rport uint16) uint64 {
@@ -142,18 +93,10 @@ func mix64(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// ipAddrs returns an IP header's source and destination addresses.
-func ipAddrs(ip []byte) (src, dst []byte) {
-	if ip[0]>>4 == 4 {
-		return ip[12:16], ip[16:20]
-	}
-	return ip[8:24], ip[24:40]
-}
-
 // sent records a segment ustack sends: nh and th are its IP and TCP
 // headers. Called with the link endpoint's txMu held.
 func (z *zeroWindow) sent(nh, th []byte) {
-	if len(th) < header.TCPMinimumSize || len(nh) < header.IPv4MinimumSize || nh[0]>>4 == 6 && len(nh) < header.IPv6MinimumSize {
+	if len(th) < header.TCPMinimumSize || len(nh) < header.IPv4MinimumSize || !isIPv4(nh) && len(nh) < header.IPv6MinimumSize {
 		return
 	}
 	t := header.TCP(th)
@@ -254,7 +197,7 @@ func pureACK(hdr []byte, ip, tcp, tcpLen int, seq uint32) buffer.Buffer {
 	v := buffer.NewViewWithData(hdr)
 	h := v.AsSlice()
 	var src, dst tcpip.Address
-	if h[ip]>>4 == 4 {
+	if isIPv4(h[ip:]) {
 		n := header.IPv4(h[ip:tcp])
 		n.SetTotalLength(uint16(tcp - ip + tcpLen))
 		n.SetChecksum(0)

@@ -4,8 +4,9 @@ import (
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 var (
@@ -18,34 +19,14 @@ var (
 // zwSegment builds an Ethernet frame with a TCP segment from src:sport to
 // dst:dport, with a timestamp option, and payload bytes of data.
 func zwSegment(src, dst tcpip.Address, sport, dport uint16, seq, ack uint32, flags header.TCPFlags, wnd uint16, opts []byte, payload int) []byte {
-	v6 := src.Len() == 16
-	ipLen := header.IPv4MinimumSize
-	if v6 {
-		ipLen = header.IPv6MinimumSize
+	data := make([]byte, payload)
+	for i := range data {
+		data[i] = byte(i)
 	}
-	tcpLen := header.TCPMinimumSize + len(opts)
-	b := make([]byte, header.EthernetMinimumSize+ipLen+tcpLen+payload)
-	for i := range payload {
-		b[len(b)-payload+i] = byte(i)
-	}
-	eth := header.Ethernet(b)
-	ip := b[header.EthernetMinimumSize:]
-	if v6 {
-		eth.Encode(&header.EthernetFields{Type: header.IPv6ProtocolNumber})
-		header.IPv6(ip).Encode(&header.IPv6Fields{PayloadLength: uint16(tcpLen + payload), TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: src, DstAddr: dst})
-	} else {
-		eth.Encode(&header.EthernetFields{Type: header.IPv4ProtocolNumber})
-		h := header.IPv4(ip)
-		h.Encode(&header.IPv4Fields{TotalLength: uint16(ipLen + tcpLen + payload), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: src, DstAddr: dst})
-		h.SetChecksum(^h.CalculateChecksum())
-	}
-	t := header.TCP(ip[ipLen:])
-	t.Encode(&header.TCPFields{SrcPort: sport, DstPort: dport, SeqNum: seq, AckNum: ack, DataOffset: uint8(tcpLen), Flags: flags, WindowSize: wnd})
-	copy(t[header.TCPMinimumSize:], opts)
-	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dst, uint16(tcpLen+payload))
-	xsum = checksum.Checksum(t[tcpLen:tcpLen+payload], xsum)
-	t.SetChecksum(^t.CalculateChecksum(xsum))
-	return b
+	return testutil.Frame{
+		Src: src, Dst: dst, SrcPort: sport, DstPort: dport, Seq: seq, Ack: ack,
+		Flags: flags, Window: wnd, TCPOptions: opts, Payload: data,
+	}.Build()
 }
 
 // zwSend records frame b as sent by ustack.
@@ -193,7 +174,7 @@ func TestZeroWindowSlots(t *testing.T) {
 // TestZeroWindowNoAllocs pins the per-packet cost of the record: sending a
 // segment and receiving one that needs no pure ACK allocate nothing.
 func TestZeroWindowNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	var z zeroWindow
@@ -221,5 +202,76 @@ func BenchmarkZeroWindow(b *testing.B) {
 	for b.Loop() {
 		z.sent(out[ip:tcp], out[tcp:])
 		z.ackFirst(in)
+	}
+}
+
+// TestTCPHeaders pins tcpHeaders on frames built by gVisor's encoders: the
+// offsets and lengths of an unfragmented TCP segment's headers, and ok
+// false for anything else.
+func TestTCPHeaders(t *testing.T) {
+	seg4 := func(payload int, flags header.TCPFlags) []byte {
+		return zwSegment(zwRemote4, zwLocal4, 40000, 7, 1, 2, flags, 100, nil, payload)
+	}
+	with := func(b []byte, f func([]byte)) []byte { f(b); return b }
+	const ip4, ip6 = header.EthernetMinimumSize, header.EthernetMinimumSize
+	for _, tc := range []struct {
+		name                string
+		frame               []byte
+		ok                  bool
+		tcp, tcpLen, segLen int
+	}{
+		{"ipv4", seg4(100, header.TCPFlagAck), true, ip4 + 20, 20, 100},
+		{"ipv4-fin", seg4(100, header.TCPFlagAck|header.TCPFlagFin), true, ip4 + 20, 20, 101},
+		{"ipv4-options", zwSegment(zwRemote4, zwLocal4, 40000, 7, 1, 2, header.TCPFlagAck, 100, []byte{1, 1, 1, 1}, 10), true, ip4 + 20, 24, 10},
+		{"ipv6", zwSegment(zwRemote6, zwLocal6, 40000, 7, 1, 2, header.TCPFlagAck, 100, nil, 1000), true, ip6 + 40, 20, 1000},
+		{"ipv4-more-fragments", with(seg4(100, header.TCPFlagAck), func(b []byte) {
+			header.IPv4(b[ip4:]).SetFlagsFragmentOffset(header.IPv4FlagMoreFragments, 0)
+		}), false, 0, 0, 0},
+		{"ipv4-fragment-offset", with(seg4(100, header.TCPFlagAck), func(b []byte) {
+			header.IPv4(b[ip4:]).SetFlagsFragmentOffset(0, 8)
+		}), false, 0, 0, 0},
+		{"ipv4-udp", with(seg4(100, header.TCPFlagAck), func(b []byte) {
+			b[ip4+9] = uint8(header.UDPProtocolNumber)
+		}), false, 0, 0, 0},
+		{"ipv6-udp", with(zwSegment(zwRemote6, zwLocal6, 40000, 7, 1, 2, header.TCPFlagAck, 100, nil, 0), func(b []byte) {
+			header.IPv6(b[ip6:]).SetNextHeader(uint8(header.UDPProtocolNumber))
+		}), false, 0, 0, 0},
+		{"data-offset-short", with(seg4(0, header.TCPFlagAck), func(b []byte) {
+			b[ip4+20+12] = 4 << 4 // 16 bytes
+		}), false, 0, 0, 0},
+		{"data-offset-past-frame", with(seg4(0, header.TCPFlagAck), func(b []byte) {
+			b[ip4+20+12] = 6 << 4 // 24 bytes of a 20-byte header
+		}), false, 0, 0, 0},
+		{"total-length-short", with(seg4(0, header.TCPFlagAck), func(b []byte) {
+			header.IPv4(b[ip4:]).SetTotalLength(30)
+		}), false, 0, 0, 0},
+		{"short-tcp", seg4(0, header.TCPFlagAck)[:ip4+20+19], false, 0, 0, 0},
+		{"short-ipv4", seg4(0, header.TCPFlagAck)[:ip4+19], false, 0, 0, 0},
+		{"short-ipv6", zwSegment(zwRemote6, zwLocal6, 40000, 7, 1, 2, header.TCPFlagAck, 100, nil, 0)[:ip6+39], false, 0, 0, 0},
+		{"short-ether", make([]byte, 13), false, 0, 0, 0},
+		{"arp", with(make([]byte, 64), func(b []byte) {
+			header.Ethernet(b).Encode(&header.EthernetFields{Type: header.ARPProtocolNumber})
+		}), false, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ip, tcp, tcpLen, segLen, ok := tcpHeaders(tc.frame)
+			if ok != tc.ok {
+				t.Fatalf("ok: got %v, want %v", ok, tc.ok)
+			}
+			if ok && (ip != header.EthernetMinimumSize || tcp != tc.tcp || tcpLen != tc.tcpLen || segLen != tc.segLen) {
+				t.Errorf("got ip %d tcp %d tcpLen %d segLen %d, want %d %d %d %d", ip, tcp, tcpLen, segLen, header.EthernetMinimumSize, tc.tcp, tc.tcpLen, tc.segLen)
+			}
+			if !ok {
+				return
+			}
+			src, dst := ipAddrs(tc.frame[ip:])
+			wantSrc, wantDst := zwRemote4, zwLocal4
+			if len(src) == 16 {
+				wantSrc, wantDst = zwRemote6, zwLocal6
+			}
+			if tcpip.AddrFromSlice(src) != wantSrc || tcpip.AddrFromSlice(dst) != wantDst {
+				t.Errorf("ipAddrs: got %v -> %v, want %v -> %v", tcpip.AddrFromSlice(src), tcpip.AddrFromSlice(dst), wantSrc, wantDst)
+			}
+		})
 	}
 }

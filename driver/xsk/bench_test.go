@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // txMode is what the application does per packet, after the seed's
@@ -79,7 +81,7 @@ const benchBatch = 64
 // TestKickNoAllocs pins the steady TX path (submit, Kick with its wire
 // write, reap) at zero allocations, with and without metadata.
 func TestKickNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	for _, tc := range []struct {
@@ -159,7 +161,7 @@ func BenchmarkKick(b *testing.B) {
 // TestReceiveNoAllocs pins Receive and ReceiveVec, with the application
 // recycling the frame through the RX and fill rings, at zero allocations.
 func TestReceiveNoAllocs(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
 	s := newTestSocket(t, Config{NumFrames: 4, FrameSize: 2048, FillSize: 4, RxSize: 4}, new(discardWire))

@@ -7,8 +7,9 @@ import (
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // recordWire keeps a copy of every frame written (virtio-net header
@@ -83,59 +84,28 @@ type builtFrame struct {
 // set, in which case it is the correct checksum. The IPv4 header checksum
 // is always correct.
 func buildFrame(kind frameKind, payloadLen int, seq uint32, full bool) builtFrame {
-	const eth = header.EthernetMinimumSize
-	var l3, l4, csumOff int
-	var proto tcpip.TransportProtocolNumber
-	switch kind {
-	case udp4:
-		l3, l4, csumOff, proto = header.IPv4MinimumSize, header.UDPMinimumSize, 6, header.UDPProtocolNumber
-	case tcp4:
-		l3, l4, csumOff, proto = header.IPv4MinimumSize, header.TCPMinimumSize, 16, header.TCPProtocolNumber
-	case udp6:
-		l3, l4, csumOff, proto = header.IPv6MinimumSize, header.UDPMinimumSize, 6, header.UDPProtocolNumber
-	}
-	b := make([]byte, eth+l3+l4+payloadLen)
-	payload := b[eth+l3+l4:]
+	payload := make([]byte, payloadLen)
 	for i := range payload {
 		payload[i] = byte(uint32(i)*7 + seq*13 + 1)
 	}
 	if len(payload) >= 4 {
 		binary.BigEndian.PutUint32(payload, seq)
 	}
-	l4Len := uint16(l4 + payloadLen)
-	var src, dst tcpip.Address
-	etype := header.IPv4ProtocolNumber
-	if kind == udp6 {
-		etype = header.IPv6ProtocolNumber
-		src, dst = testSrc6, testDst6
-		header.IPv6(b[eth:]).Encode(&header.IPv6Fields{
-			PayloadLength: l4Len, TransportProtocol: proto, HopLimit: 64, SrcAddr: src, DstAddr: dst,
-		})
-	} else {
-		src, dst = testSrc4, testDst4
-		ip := header.IPv4(b[eth:])
-		ip.Encode(&header.IPv4Fields{
-			TotalLength: uint16(l3) + l4Len, TTL: 64, Protocol: uint8(proto), SrcAddr: src, DstAddr: dst,
-		})
-		ip.SetChecksum(^ip.CalculateChecksum())
+	f := testutil.Frame{
+		SrcMAC: testSrcMAC, DstMAC: testDstMAC, Src: testSrc4, Dst: testDst4,
+		Proto: header.UDPProtocolNumber, SrcPort: 40000, DstPort: 5001,
+		Payload: payload, Csum: testutil.CsumPartial,
 	}
-	header.Ethernet(b).Encode(&header.EthernetFields{SrcAddr: testSrcMAC, DstAddr: testDstMAC, Type: etype})
-	seg := b[eth+l3:]
-	if kind == tcp4 {
-		header.TCP(seg).Encode(&header.TCPFields{
-			SrcPort: 40000, DstPort: 5001, SeqNum: seq, DataOffset: header.TCPMinimumSize,
-			Flags: header.TCPFlagAck, WindowSize: 1000,
-		})
-	} else {
-		header.UDP(seg).Encode(&header.UDPFields{SrcPort: 40000, DstPort: 5001, Length: l4Len})
+	switch kind {
+	case tcp4:
+		f.Proto, f.Seq, f.Flags, f.Window = header.TCPProtocolNumber, seq, header.TCPFlagAck, 1000
+	case udp6:
+		f.Src, f.Dst = testSrc6, testDst6
 	}
-	pseudo := header.PseudoHeaderChecksum(proto, src, dst, l4Len)
 	if full {
-		checksum.Put(seg[csumOff:], ^checksum.Checksum(seg, pseudo))
-	} else {
-		checksum.Put(seg[csumOff:], pseudo)
+		f.Csum = testutil.CsumFull
 	}
-	return builtFrame{b: b, csumStart: uint16(eth + l3), csumOffset: uint16(csumOff)}
+	return builtFrame{b: f.Build(), csumStart: uint16(f.L4Off()), csumOffset: uint16(f.CsumOffset())}
 }
 
 // newTestSocket returns a socket over w, failing the test on error.

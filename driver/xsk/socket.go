@@ -104,10 +104,10 @@ type Config struct {
 type Socket struct {
 	umem        UMEM
 	frameMask   uint64 // FrameSize-1
-	csumOffload bool
-	multiBuffer bool
+	csumOffload bool   // +checklocksignore: set by New, read-only after
+	multiBuffer bool   // +checklocksignore: set by New, read-only after
 	clock       func() uint64
-	w           Wire
+	w           Wire // +checklocksignore: set by New, read-only after
 	stats       Stats
 
 	// Application sides.

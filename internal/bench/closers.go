@@ -10,6 +10,7 @@ import (
 // io.Closer handed to testbed.CleanupOnSignal before everything exists.
 type Closers struct {
 	mu sync.Mutex
+	// +checklocks:mu
 	cs []io.Closer
 }
 

@@ -548,11 +548,13 @@ func kernelUDPGRO(c *net.UDPConn) error {
 // sink is the receiving end of a run: sockets read by goroutines pinned to
 // the reader's CPU, counting the bytes read.
 type sink struct {
-	n       atomic.Uint64
-	wg      sync.WaitGroup
-	mu      sync.Mutex
+	n  atomic.Uint64
+	wg sync.WaitGroup
+	mu sync.Mutex
+	// +checklocks:mu
 	closers []io.Closer
-	closed  bool
+	// +checklocks:mu
+	closed bool
 }
 
 // add registers a socket for close; after close it is closed at once.

@@ -352,7 +352,7 @@ func (r *matrixReport) Print(w io.Writer) error {
 	if kernel >= 0 {
 		hdr = append(hdr, "kernel veth", "best/kernel")
 	}
-	hdr = append(hdr, "unit", "cc")
+	hdr = append(hdr, "rx path", "unit", "cc")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	var improved, regressed []string
 	oneRun := false
@@ -417,7 +417,7 @@ func (r *matrixReport) Print(w io.Writer) error {
 		if cc == "" {
 			cc = "-"
 		}
-		row = append(row, c.Cell.Proto.Unit(), cc)
+		row = append(row, r.rxPaths(c), c.Cell.Proto.Unit(), cc)
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
@@ -439,6 +439,58 @@ func (r *matrixReport) Print(w io.Writer) error {
 		fmt.Fprintf(w, "\nSkipped %d cells: %s\n", skipped[s], s)
 	}
 	return nil
+}
+
+// rxPath names the way the driver built the packets of runs, from their
+// counters (summed over the runs): "linear" (rx_skb_linear, mlx5's
+// mlx5e_skb_from_cqe_mpwrq_linear: nothing copied, -hds does not apply),
+// "nonlinear" (rx_skb_nonlinear: the header copy), "shampo"
+// (rx_gro_hw_packets: hardware GRO sessions), each path that took at
+// least 1% of the frames with its share when there are several, or "-"
+// without counters.
+func rxPath(runs []matrixRun) string {
+	names := []string{"linear", "nonlinear", "shampo"}
+	var n [3]uint64
+	for _, run := range runs {
+		n[0] += run.Counters["rx_skb_linear"]
+		n[1] += run.Counters["rx_skb_nonlinear"]
+		n[2] += run.Counters["rx_gro_hw_packets"]
+	}
+	total := n[0] + n[1] + n[2]
+	if total == 0 {
+		return "-"
+	}
+	var parts, alone []string
+	for i, v := range n {
+		if v*100 >= total {
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", names[i], 100*float64(v)/float64(total)))
+			alone = append(alone, names[i])
+		}
+	}
+	if len(parts) == 1 {
+		return alone[0]
+	}
+	return strings.Join(parts, " + ")
+}
+
+// rxPaths is the rx path column of cell c: the ustack sides' rxPath, once
+// if they agree, else A's -> B's (or each side's, joined by " | ").
+func (r *matrixReport) rxPaths(c *matrixCellResult) string {
+	var paths []string
+	for i, s := range r.Sides {
+		if s.Kind == "ustack" && i < len(c.Runs) {
+			paths = append(paths, rxPath(c.Runs[i]))
+		}
+	}
+	switch {
+	case len(paths) == 0:
+		return "-"
+	case len(slices.Compact(slices.Clone(paths))) == 1:
+		return paths[0]
+	case r.AB && len(paths) == 2:
+		return paths[0] + " -> " + paths[1]
+	}
+	return strings.Join(paths, " | ")
 }
 
 // printPeers sums up single-stream TCP at MTU 1500 against the peers: the
@@ -533,6 +585,7 @@ type matrixCellJSON struct {
 	Sides       map[string]sideJSON `json:"sides"`
 	Change      *float64            `json:"change_percent,omitempty"`
 	Significant bool                `json:"significant,omitempty"`
+	RxPath      string              `json:"rx_path"` // the rx path column (rxPaths)
 }
 
 type sideJSON struct {
@@ -553,7 +606,7 @@ func (r *matrixReport) WriteJSON(w io.Writer) error {
 			out.Skipped[c.Cell.Label()] = c.Skip
 			continue
 		}
-		cj := matrixCellJSON{Cell: c.Cell.Label(), Unit: c.Cell.Proto.Unit(), Sides: map[string]sideJSON{}}
+		cj := matrixCellJSON{Cell: c.Cell.Label(), Unit: c.Cell.Proto.Unit(), Sides: map[string]sideJSON{}, RxPath: r.rxPaths(c)}
 		for i, s := range r.Sides {
 			st := stats(c.Runs[i])
 			cj.Sides[s.Name] = sideJSON{Runs: st.N, Median: st.Med, Min: st.Lo, Max: st.Hi, RxCPUPerGB: st.RxCPUPerGB, MachPerGB: st.MachPerGB, Error: st.Err}

@@ -317,3 +317,42 @@ func TestWriteJSON(t *testing.T) {
 		t.Errorf("noisy cell significant: %+v", c)
 	}
 }
+
+// TestRxPath checks the rx path column: the path the driver's counters
+// say the packets took, per side.
+func TestRxPath(t *testing.T) {
+	run := func(kv ...uint64) matrixRun {
+		return matrixRun{Counters: map[string]uint64{"rx_skb_linear": kv[0], "rx_skb_nonlinear": kv[1], "rx_gro_hw_packets": kv[2]}}
+	}
+	for _, tc := range []struct {
+		runs []matrixRun
+		want string
+	}{
+		{[]matrixRun{run(1000, 0, 0), run(900, 0, 0)}, "linear"},
+		{[]matrixRun{run(0, 1000, 0)}, "nonlinear"},
+		{[]matrixRun{run(0, 5, 995)}, "shampo"}, // under 1%: left out
+		{[]matrixRun{run(0, 300, 700)}, "nonlinear 30% + shampo 70%"},
+		{[]matrixRun{{Counters: map[string]uint64{"rx_packets": 5}}}, "-"},
+		{nil, "-"},
+	} {
+		if got := rxPath(tc.runs); got != tc.want {
+			t.Errorf("rxPath(%v): got %q, want %q", tc.runs, got, tc.want)
+		}
+	}
+	rep := fakeReport()
+	c := rep.Cells[0]
+	for i := range c.Runs[0] {
+		c.Runs[0][i].Counters["rx_skb_nonlinear"] = 100
+		c.Runs[1][i].Counters["rx_skb_linear"] = 100
+	}
+	if got, want := rep.rxPaths(c), "nonlinear -> linear"; got != want {
+		t.Errorf("rxPaths of an A/B cell whose sides differ: got %q, want %q", got, want)
+	}
+	var b bytes.Buffer
+	if err := rep.Print(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "rx path") || !strings.Contains(out, "nonlinear -> linear") {
+		t.Errorf("the table lacks the rx path column:\n%s", out)
+	}
+}

@@ -112,16 +112,17 @@ func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
 // PrintHWGRO prints seed 002's figures: throughput, CPU, frags per
 // packet and the share of payload bytes in page-sized, page-aligned frags.
 func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
-	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread in pages\tsegs/GRO pkt\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
+	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread mapped\tsegs/GRO pkt\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		c := m.counters
 		share := "-"
 		if p := c["rx_gro_hw_payload_bytes"]; p > 0 {
 			share = fmt.Sprintf("%.0f%%", 100*float64(c["rx_gro_hw_mappable_bytes"])/float64(p))
 		}
-		// What ReadViews handed over in whole pages, without a copy.
+		// ReadViews' mappable share: what it handed over in place (whole
+		// pages, tcp_mmap's rule), of all it read.
 		read := "-"
 		if t := c["zc_read_mapped_bytes"] + c["zc_read_copied_bytes"]; t > 0 {
-			read = fmt.Sprintf("%.0f%%", 100*float64(c["zc_read_page_bytes"])/float64(t))
+			read = fmt.Sprintf("%.0f%%", 100*float64(c["zc_read_mapped_bytes"])/float64(t))
 		}
 		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, m.gbps, m.lo, m.hi, m.rxCPUPerGB, m.nic*100,
 			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share, read,

@@ -18,10 +18,10 @@ const tableWant = `         configuration     Gbit/s (min-max)  x stock  rx CPU 
               ustack b     8.50 (8.00-9.00)        0.650              -                       3072           3.1                         0|0|0|0|0|0|0|0   reno
   gVisor stock fdbased     2.00 (2.00-2.00)        3.000              -                          0           0.0                         0|0|0|0|0|0|0|0  cubic
 --
-         configuration     Gbit/s (min-max)  rx CPU s/GB  NIC share  frames/session  frags/session  mappable share  read in pages  segs/GRO pkt     cc
-              ustack a  11.00 (10.00-12.00)        0.450        32%             4.0            3.0             75%            50%          40.0    bbr
-              ustack b     8.50 (8.00-9.00)        0.650        22%               -              -               -              -             -   reno
-  gVisor stock fdbased     2.00 (2.00-2.00)        3.000         0%               -              -               -              -             -  cubic
+         configuration     Gbit/s (min-max)  rx CPU s/GB  NIC share  frames/session  frags/session  mappable share  read mapped  segs/GRO pkt     cc
+              ustack a  11.00 (10.00-12.00)        0.450        32%             4.0            3.0             75%          60%          40.0    bbr
+              ustack b     8.50 (8.00-9.00)        0.650        22%               -              -               -            -             -   reno
+  gVisor stock fdbased     2.00 (2.00-2.00)        3.000         0%               -              -               -            -             -  cubic
 `
 
 // tableSamples are three rows: ustack with three runs, ustack with two

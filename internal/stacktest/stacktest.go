@@ -10,6 +10,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 	"github.com/ustack/ustack/stack"
 )
 
@@ -34,13 +35,10 @@ func NewPair(t testing.TB, rxCfg, peerCfg stack.Config) (rx, peer *stack.Stack) 
 	if rxCfg.ZeroCopy {
 		pc.Memory = stack.NewChunkMemory()
 	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := testutil.NewPool(t, pc)
 	rxCfg.Driver.Pool = pool
 	rxCfg.Wire, rxCfg.MAC = a, [6]byte{2, 0, 0, 0, 0, 1}
-	rx, err = stack.New(rxCfg)
+	rx, err := stack.New(rxCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,8 +57,10 @@ type Injector struct {
 	ifindex int
 	cfg     InjectorConfig
 
-	mu     sync.Mutex
-	sent   int
+	mu sync.Mutex
+	// +checklocks:mu
+	sent int
+	// +checklocks:mu
 	closed bool
 }
 

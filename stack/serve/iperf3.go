@@ -267,8 +267,9 @@ type IPerf3Server struct {
 	// a test are bounded whatever a client opens.
 	pending chan struct{}
 
-	mu  sync.Mutex
-	cur *iperf3Test // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	cur *iperf3Test
 }
 
 // iperf3MaxPending bounds the connections a server reads a cookie from or

@@ -390,11 +390,14 @@ func (e *echoServer) serve(l net.Listener) error {
 // (held-1, or 0) carry a budget token, and of which free wait for the
 // reader while the writer is busy.
 type echoConn struct {
-	mu     sync.Mutex
-	held   int                  // +checklocks:mu
-	tokens int                  // +checklocks:mu
-	free   []*[echoBufSize]byte // +checklocks:mu
-	freed  chan struct{}
+	mu sync.Mutex
+	// +checklocks:mu
+	held int
+	// +checklocks:mu
+	tokens int
+	// +checklocks:mu
+	free  []*[echoBufSize]byte
+	freed chan struct{}
 }
 
 // echo copies c to itself: a reader goroutine takes a buffer once data is

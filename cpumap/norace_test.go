@@ -1,5 +1,0 @@
-//go:build !race
-
-package cpumap
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package xsk
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build race
-
-package gro
-
-const raceEnabled = true

@@ -1,0 +1,54 @@
+//go:build linux
+
+package integration
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ustack/ustack/driver"
+)
+
+// TestTCPLinearRQ sends a bulk stream from the kernel over the TAP at MTU
+// 1500 with LRO off, where mlx5 takes the linear striding RQ
+// (mlx5e_rx_mpwqe_is_linear_skb): every frame is handed up over its
+// stride, nothing copied whatever -hds says, and GRO merges the heads by
+// frags (skb_gro_receive's head_frag branch), not by the frag_list. The
+// receiver checks the stream's SHA-256, with Read and with ReadViews.
+func TestTCPLinearRQ(t *testing.T) {
+	needRoot(t)
+	const n = 32 << 20
+	for i, tt := range []struct {
+		v6    bool
+		hds   int
+		views bool
+	}{
+		{false, 256, false},
+		{true, driver.HDSAuto, true},
+	} {
+		name := fmt.Sprintf("%s/hds-%s/views-%v", family(tt.v6), driver.FormatHDS(tt.hds), tt.views)
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, fmt.Sprintf("usit-lin%d", i), 1500, driver.Config{HDS: tt.hds})
+			r.views = tt.views
+			elapsed := kernelToStack(t, r, tt.v6, 9, n, uint64(40+i))
+			logRate(t, "kernel -> ustack (linear RQ)", n, elapsed)
+			c := counters(r.st)
+			t.Logf("rx_packets %d rx_skb_linear %d rx_skb_nonlinear %d rx_hds_bytes %d rx_gro_skbs %d rx_gro_frag_list %d",
+				c["rx_packets"], c["rx_skb_linear"], c["rx_skb_nonlinear"], c["rx_hds_bytes"], c["rx_gro_skbs"], c["rx_gro_frag_list"])
+			if got, want := c["rx_skb_linear"], c["rx_packets"]; got == 0 || got != want {
+				t.Errorf("rx_skb_linear: got %d, want every frame (rx_packets %d)", got, want)
+			}
+			if got := c["rx_hds_bytes"]; got != 0 {
+				t.Errorf("rx_hds_bytes on the linear RQ: got %d, want 0", got)
+			}
+			if c["rx_gro_skbs"] == 0 {
+				t.Errorf("rx_gro_skbs: got 0, want merged packets")
+			}
+			if got := c["rx_gro_frag_list"]; got != 0 {
+				t.Errorf("rx_gro_frag_list: got %d, want 0 (head frags merge by frags)", got)
+			}
+			checkFlowDrops(t, r.st)
+			r.close(t)
+		})
+	}
+}

@@ -1,5 +1,0 @@
-//go:build !race
-
-package stack
-
-const raceEnabled = false

@@ -1,0 +1,62 @@
+package stack
+
+import (
+	"time"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// udpTrain reports whether p is a UDP packet that aggregates several
+// datagrams (a UDP GRO train), and where its IP and UDP headers are.
+func udpTrain(p *bufpool.Packet) (l3, l4 int, ok bool) {
+	if p.Segs < 2 || p.GSOSize == 0 {
+		return 0, 0, false
+	}
+	return udpHeaders(p)
+}
+
+// splitUDP hands a UDP train to gVisor as the datagrams it was made of, as
+// the kernel's udp_queue_rcv_skb does through udp_rcv_segment
+// (__udp_gso_segment) for a socket without UDP_GRO: the payload is copied
+// once into one view, and each datagram gets its own rebuilt headers (IP
+// and UDP lengths, the IPv4 header checksum; the UDP checksum is left as
+// it is: GRO merges only verified datagrams, and gVisor takes receive
+// checksums as offloaded) and a clone of its part of that view. pcap
+// records the train once, as it came. The caller keeps p.
+func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
+	hdrLen := l4 + header.UDPMinimumSize
+	total := p.TotalLen() - chainHeaders(p) - hdrLen
+	all := buffer.NewView(total)
+	writeAfter(all, p, hdrLen)
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
+	}
+	gso := int(p.GSOSize)
+	v4 := isIPv4(p.Linear[l3:])
+	for off := 0; off < total; off += gso {
+		n := min(gso, total-off)
+		hv := buffer.NewViewWithData(p.Linear[:hdrLen])
+		h := hv.AsSlice()
+		udpLen := uint16(header.UDPMinimumSize + n)
+		if v4 {
+			ip := header.IPv4(h[l3:l4])
+			ip.SetTotalLength(uint16(l4-l3) + udpLen)
+			ip.SetChecksum(0)
+			ip.SetChecksum(^checksum.Checksum(ip, 0)) // the whole header, options too
+		} else {
+			header.IPv6(h[l3:l4]).SetPayloadLength(uint16(l4-l3-header.IPv6MinimumSize) + udpLen)
+		}
+		header.UDP(h[l4:]).SetLength(udpLen)
+		pv := all.Clone()
+		pv.TrimFront(off)
+		pv.CapLength(n)
+		buf := buffer.MakeWithView(hv)
+		buf.Append(pv)
+		e.dispatch(buf)
+	}
+	all.Release()
+}
