@@ -80,6 +80,7 @@ func newKernelGRO(t *testing.T, maxFrames int) *kernelGRO {
 		}
 	}
 	deadline := time.Now().Add(time.Duration(maxFrames/50+60) * time.Second)
+	maxFrames += 1000 // and the frames that wait for the link
 	k := &kernelGRO{buf: make([]byte, 70000)}
 	if k.tx, err = ns.NewInjector(testbed.InjectorConfig{Dev: "grotx", SndBuf: 16 << 20, MaxFrames: maxFrames, Deadline: deadline}); err != nil {
 		t.Fatal(err)
@@ -89,7 +90,28 @@ func newKernelGRO(t *testing.T, maxFrames int) *kernelGRO {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { k.rx.Close() })
+	// Wait until frames cross: until linkwatch has activated the fresh
+	// veth's queue (dev_activate), the kernel drops what is sent on it.
+	for end := time.Now().Add(30 * time.Second); ; {
+		if time.Now().After(end) {
+			t.Fatal("no frame crossed the veth pair in 30 s")
+		}
+		if err := k.tx.Write(primerFrame()); err != nil {
+			t.Fatal(err)
+		}
+		n, _, err := k.rx.ReadFrame(k.buf, 100*time.Millisecond)
+		if err == nil && n >= 14 && k.buf[12] == etherPrimer>>8 && k.buf[13] == etherPrimer&0xff {
+			break
+		}
+	}
 	return k
+}
+
+// primerFrame returns a frame of EtherType etherPrimer.
+func primerFrame() []byte {
+	f := make([]byte, 60)
+	copy(f, []byte{2, 0, 0, 0, 0, 0xee, 2, 0, 0, 0, 0, 1, etherPrimer >> 8, etherPrimer & 0xff})
+	return f
 }
 
 // run sends frames and returns what the kernel's GRO made of them, per
@@ -110,9 +132,7 @@ func (k *kernelGRO) runAll(frames []built) (flowLens, []int, error) {
 			wantEmpty[sport]++
 		}
 	}
-	primer := make([]byte, 60)
-	copy(primer, []byte{2, 0, 0, 0, 0, 0xee, 2, 0, 0, 0, 0, 1, etherPrimer >> 8, etherPrimer & 0xff})
-	if err := k.tx.Write(primer); err != nil {
+	if err := k.tx.Write(primerFrame()); err != nil {
 		return nil, nil, err
 	}
 	for _, b := range frames {
