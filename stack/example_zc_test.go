@@ -58,7 +58,10 @@ func ExampleTCPConn_ReadViews() {
 			break
 		}
 	}
+	// How much was mapped depends on how long the NIC's sessions were,
+	// which the machine's load decides: ViewStats says (MappedBytes of
+	// whole pages in place, CopiedBytes the rest).
 	st := conn.ViewStats()
-	fmt.Println(total, "bytes, all counted:", st.MappedBytes+st.CopiedBytes == uint64(total), "mostly mapped:", st.MappedBytes > uint64(total)/2)
-	// Output: 1048576 bytes, all counted: true mostly mapped: true
+	fmt.Println(total, "bytes, all counted:", st.MappedBytes+st.CopiedBytes == uint64(total))
+	// Output: 1048576 bytes, all counted: true
 }
