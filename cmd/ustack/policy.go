@@ -69,7 +69,7 @@ var policies = []policySwitch{
 		usage: "how the NIC model reads LRO super-frames: readv straight into the ring's pages, as DMA (direct), or into a buffer, then copied (bounce)",
 		bind:  func(p *policy) any { return &choice{p: &p.cfg.Driver.BounceRead, off: "direct", on: "bounce"} }},
 	{name: "hds", values: "auto|N", def: "auto", kernel: "mlx5 header copy (MLX5E_RX_MAX_HEAD)", summary: true,
-		usage: fmt.Sprintf("header/data split: copy only the headers into the linear part (auto, seed 000) or N bytes in 1..%d (256: the old mlx5 copy)", driver.MaxHDS),
+		usage: fmt.Sprintf("header/data split on the nonlinear RQ path (LRO or hw-gro on, or an MTU whose frame does not fit a linear stride; MTU 1500 with LRO off builds the packet over the stride, mlx5e_rx_mpwqe_is_linear_skb): copy only the headers into the linear part (auto, seed 000) or N bytes in 1..%d (256: the old mlx5 copy)", driver.MaxHDS),
 		bind:  func(p *policy) any { return (*driver.HDS)(&p.cfg.Driver.HDS) }},
 	{name: "gro", values: "on|off", def: "on", kernel: "ethtool -K gro", summary: true,
 		usage: "software GRO on the poll loop",
