@@ -44,8 +44,13 @@ func TestTCPLinearRQ(t *testing.T) {
 			if c["rx_gro_skbs"] == 0 {
 				t.Errorf("rx_gro_skbs: got 0, want merged packets")
 			}
-			if got := c["rx_gro_frag_list"]; got != 0 {
-				t.Errorf("rx_gro_frag_list: got %d, want 0 (head frags merge by frags)", got)
+			// Head frags merge by frags: a GRO packet chains a
+			// packet on its frag_list only when MAX_SKB_FRAGS (17)
+			// frags are full, so at most one frag_list merge per 16
+			// segments (a frag_list per merge would be the header
+			// copy's slow path).
+			if got, segs := c["rx_gro_frag_list"], c["rx_gro_packets"]; got*16 > segs {
+				t.Errorf("rx_gro_frag_list: got %d for %d merged segments, want at most one per 16 (head frags merge by frags)", got, segs)
 			}
 			checkFlowDrops(t, r.st)
 			r.close(t)
