@@ -45,40 +45,10 @@ func testDeliverChain(t *testing.T, zc bool) {
 	for i := range page.Bytes() {
 		page.Bytes()[i] = byte(i * 7)
 	}
-	frag := func(off, n uint32) bufpool.Frag {
-		page.IncRef()
-		return bufpool.Frag{Page: page, Off: off, Len: n}
-	}
-	hdr := bytes.Repeat([]byte{0xee}, 20) // an Ethernet header and more
-	hdr[12], hdr[13] = 0x08, 0x00
-
-	head := bufpool.NewPacket()
-	head.Linear = append(head.Linear, hdr...)
-	head.HdrLen = 20
-	head.Frags = append(head.Frags, frag(0, 100))
-	head.Len = 120
-	// A chained packet whose 30-byte linear part holds 20 header bytes and
-	// 10 of payload, then a frag.
-	q := bufpool.NewPacket()
-	q.Linear = append(q.Linear, hdr...)
-	q.Linear = append(q.Linear, page.Bytes()[1000:1010]...)
-	q.HdrLen = 20
-	q.Frags = append(q.Frags, frag(1010, 50))
-	q.Len = 80
-	head.Next = q
-	// A chained packet whose headers run into its frag (header copy short).
-	r := bufpool.NewPacket()
-	r.Linear = append(r.Linear, hdr[:14]...)
-	r.HdrLen = 20
-	r.Frags = append(r.Frags, frag(2000, 66))
-	r.Len = 80
-	q.Next = r
+	// The head's frags, a chained packet whose linear part holds payload,
+	// and one whose headers run into its frag (chainPacket).
+	head, want := chainPacket(page), chainWant(page)
 	page.DecRef()
-
-	b := page.Bytes()
-	want := append(append([]byte(nil), hdr...), b[0:100]...)
-	want = append(want, b[1000:1060]...)
-	want = append(want, b[2006:2066]...)
 
 	var c captureDispatcher
 	ep := &linkEndpoint{}

@@ -41,7 +41,7 @@ func (d *viewsDispatcher) DeliverNetworkPacket(_ tcpip.NetworkProtocolNumber, pk
 
 func (d *viewsDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack.PacketBuffer) {}
 
-// chainPacket builds the frag_list packet of TestDeliverChain on page: a
+// chainPacket builds the frag_list packet of TestDeliverChain and TestDeliverChainViews on page: a
 // head with a 20-byte linear part and a 100-byte frag, a chained packet
 // whose linear part holds its 20 header bytes and 10 of payload, then a
 // 50-byte frag, and one whose headers run 6 bytes into its frag. It returns
