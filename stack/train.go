@@ -25,9 +25,14 @@ import (
 // The receive queue holds the trains themselves, zero-copy: their payload
 // stays in the RX pages, and each queued train keeps its pages referenced
 // until ReadTrain copies it out (that is what keeps a page in the pool's
-// quarantine while a socket has not been read). The queue holds a fixed
-// number of trains; when it is full, trains are dropped and counted
-// (Drops), as a socket with a full receive buffer drops.
+// quarantine while a socket has not been read). The queue is bounded in
+// datagrams, not trains (trainQueueDatagrams): a train is charged one unit
+// per datagram it holds, as __udp_enqueue_schedule_skb charges an skb's
+// truesize, which a GRO train accumulates per merged frame, against
+// sk_rcvbuf. A train that would take the queue past its bound is dropped and
+// counted (Drops), as a socket with a full receive buffer drops; so with GRO
+// off, one datagram per train, the socket holds as many datagrams as with
+// GRO on.
 type TrainConn struct {
 	s      *Stack
 	port   uint16
@@ -36,9 +41,15 @@ type TrainConn struct {
 	done   chan struct{}
 	closed sync.Once
 	drops  atomic.Uint64
+	// rmem is the datagrams queued (sk_rmem_alloc): added when a train
+	// is queued, taken off when it is read or released.
+	rmem atomic.Int64
 }
 
-const trainQueue = 64
+// trainQueueDatagrams bounds a TrainConn's queue: 64 full trains of
+// UDP_GRO_CNT_MAX (64) datagrams, what the queue held when it was bounded
+// at 64 trains and GRO filled them.
+const trainQueueDatagrams = 64 * 64
 
 // ListenUDPTrains binds a train socket to addr (an unspecified address
 // takes every address of the stack). The port must not be bound by another
@@ -53,7 +64,7 @@ func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 	}
 	c := &TrainConn{
 		s: s, port: addr.Port(), addr: addr.Addr().Unmap(),
-		ready: make(chan *bufpool.Packet, trainQueue),
+		ready: make(chan *bufpool.Packet, trainQueueDatagrams),
 		done:  make(chan struct{}),
 	}
 	if err := s.ep.trains.add(c); err != nil {
@@ -76,6 +87,7 @@ func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, fro
 	select {
 	case p := <-c.ready:
 		defer p.Release()
+		c.rmem.Add(-trainCharge(p))
 		l3, l4, _ := udpHeaders(p) // checked when queued
 		hdrLen := l4 + header.UDPMinimumSize
 		total := p.TotalLen() - chainHeaders(p) - hdrLen
@@ -174,11 +186,21 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != udpDest(l, l3) {
 		return false
 	}
-	select {
-	case c.ready <- p:
-	default:
+	// __udp_enqueue_schedule_skb: drop a train that would take the queue
+	// past its bound, else charge it and queue it. (The kernel lets the
+	// last skb overshoot sk_rcvbuf; here the bound is the channel's size.)
+	if n := trainCharge(p); c.rmem.Load() > trainQueueDatagrams-n {
 		c.drops.Add(1)
 		p.Release()
+	} else {
+		c.rmem.Add(n)
+		select {
+		case c.ready <- p:
+		default: // cannot happen: the channel holds the bound
+			c.rmem.Add(-n)
+			c.drops.Add(1)
+			p.Release()
+		}
 	}
 	// If Close ran meanwhile, its drain may have missed p: release what
 	// is left, nobody will read it. (Each packet leaves the channel once.)
@@ -196,6 +218,9 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	}
 	return true
 }
+
+// trainCharge is what a train is charged in the queue: its datagrams.
+func trainCharge(p *bufpool.Packet) int64 { return int64(max(p.Segs, 1)) }
 
 // copyAfter copies the packet's bytes after skip, and its chain's payload
 // (bufpool.Packet.Walk), into b, as far as b reaches, and returns the count.

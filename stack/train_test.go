@@ -11,6 +11,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // udpBurst sends count datagrams of size bytes from the peer to dst, each
@@ -249,3 +250,39 @@ func TestReadingReleasesPages(t *testing.T) {
 }
 
 func netipAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// TestTrainQueueCountsDatagrams: with GRO off every datagram is a train of
+// one, and the queue still holds as many datagrams as GRO's full trains
+// would fill (trainQueueDatagrams), because a train is charged per datagram
+// as the kernel charges an skb's truesize against sk_rcvbuf. Bounded at 64
+// trains, it dropped all but 64 of these.
+func TestTrainQueueCountsDatagrams(t *testing.T) {
+	rx, peer := pairConfig(t, Config{NoGRO: true})
+	dst := netip.MustParseAddrPort("192.0.2.1:9997")
+	c, err := rx.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const count, size = 256, 64
+	sent := udpBurst(t, peer, dst, count, size)
+	testutil.WaitFor(t, "every datagram queued or dropped", func() bool {
+		return len(c.ready)+int(c.Drops()) >= count
+	})
+	if d := c.Drops(); d != 0 {
+		t.Errorf("drops of %d unread one-datagram trains: got %d, want 0", count, d)
+	}
+	buf := make([]byte, 65536)
+	for i, want := range sent {
+		n, _, _, err := c.ReadTrain(buf, time.Now().Add(30*time.Second))
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], want) {
+			t.Fatalf("datagram %d: got %x, want %x", i, buf[:n], want)
+		}
+	}
+	if got := c.rmem.Load(); got != 0 {
+		t.Errorf("queue charge after reading everything: got %d, want 0", got)
+	}
+}
