@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/internal/testutil"
@@ -32,15 +33,38 @@ func (r *returner) Receive(p *bufpool.Packet, now int64) {
 
 func (r *returner) EndBatch(int64) {}
 
+// listReturner is a returner that takes each round as a list and flushes
+// old packets under load: the worker's whole ListReceiver/OldFlusher path.
+type listReturner struct{ *returner }
+
+func (r listReturner) ReceiveList(ps []*bufpool.Packet, now int64) {
+	for _, p := range ps {
+		r.Receive(p, now)
+	}
+}
+
+func (r listReturner) FlushOlderThan(time.Duration, int64) {}
+func (r listReturner) Flush()                              {}
+
 // TestNoAllocs pins zero heap allocations per frame in steady state, on
-// both sides: Enqueue, Flush, the ring, the wake-up and the worker's round.
+// both sides: Enqueue, Flush, the ring, the wake-up and the worker's round,
+// with frames handed over one by one and as lists.
 func TestNoAllocs(t *testing.T) {
+	t.Run("receive", func(t *testing.T) { testNoAllocs(t, false) })
+	t.Run("list", func(t *testing.T) { testNoAllocs(t, true) })
+}
+
+func testNoAllocs(t *testing.T, list bool) {
 	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	const n = 64 // a NAPI budget of frames per poll batch
 	ret := &returner{back: make([]*bufpool.Packet, 0, n), want: n, done: make(chan struct{}, 1)}
-	m, err := New(Config{CPUs: []int{0}, NewReceiver: func(int) Receiver { return ret }})
+	var recv Receiver = ret
+	if list {
+		recv = listReturner{ret}
+	}
+	m, err := New(Config{CPUs: []int{0}, NewReceiver: func(int) Receiver { return recv }})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -73,6 +97,9 @@ func TestNoAllocs(t *testing.T) {
 	}
 	if got, want := m.Stats().WorkerFrames(), uint64(n*202); got != want {
 		t.Errorf("got %d frames received, want %d", got, want)
+	}
+	if list && m.Stats().WorkerLists() != m.Stats().WorkerRounds() {
+		t.Errorf("got %d lists in %d rounds, want one per round", m.Stats().WorkerLists(), m.Stats().WorkerRounds())
 	}
 }
 

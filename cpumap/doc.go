@@ -21,9 +21,9 @@
 //	  Producer.Enqueue(i, p) -> bulk queue of entry i (BulkSize, 8)
 //	    full: flushed into ring i            ring i (QueueSize, MPSC)
 //	  Producer.Flush at batch end ------->     takes up to Batch frames
-//	    (drops what does not fit)              Receiver.Receive each
-//	                                           Receiver.EndBatch when the
-//	                                           ring ran empty, or every 64
+//	    (drops what does not fit)              ReceiveList, or Receive each
+//	                                           flush old packets every 64,
+//	                                           all when the ring ran empty
 //
 // A Producer belongs to one poll loop, as the kernel's per-CPU
 // xdp_bulk_queue belongs to one CPU: it keeps one bulk queue per entry and
@@ -37,13 +37,15 @@
 // Each entry's worker is a goroutine that calls Config.Pin first (in ustack
 // LockOSThread and sched_setaffinity to the entry's CPU; New fails if that
 // fails) and never unlocks its thread. Like cpu_map_kthread_run, it takes up
-// to Batch (8) frames per round and hands each to its Receiver; it ends the
-// Receiver's batch (EndBatch) when a round leaves the ring empty, and after
-// every 64 frames (NAPI_POLL_WEIGHT) under continuous load, so a GRO engine
-// holds nothing for long. A Receiver that is also a Flusher (a *gro.Engine
-// with a flush timeout) is flushed in full when the ring runs empty, the
-// kernel's full GRO flush before the kthread sleeps; under load only
-// EndBatch runs, which flushes just the old packets.
+// to Batch (8) frames per round and hands them to its Receiver: as one list
+// to a ListReceiver (netif_receive_skb_list, one call per round), else one
+// by one (gro_receive_skb). Every 64 frames (NAPI_POLL_WEIGHT), and when a
+// round leaves the ring empty, it flushes as cpu_map_gro_flush does:
+// gro_flush(gro, !empty && HZ >= 1000). While the ring still holds frames
+// an OldFlusher (a *gro.Engine) hands up only the packets older than a
+// jiffy (FlushOlderThan(1ms)); when the ring is empty the worker ends the
+// batch (EndBatch) and flushes a Flusher in full before it sleeps. A
+// Receiver that is neither gets EndBatch both times.
 //
 // # Threading and ownership
 //

@@ -28,6 +28,11 @@ const (
 	// as cpu_map_kthread_run flushes its GRO "either every 64 packets
 	// or in case of empty ring".
 	flushFrames = 64
+	// jiffy is how old a held packet must be for the flush a worker makes
+	// while its ring still holds frames: gro_flush(gro, flush_old) skips
+	// the packets of the current jiffy, one tick of a HZ=1000 kernel
+	// (cpu_map_gro_flush passes flush_old = !empty && HZ >= 1000).
+	jiffy = time.Millisecond
 )
 
 // Receiver is what a worker feeds: in ustack a GRO engine whose sink
@@ -47,11 +52,29 @@ type Receiver interface {
 // Flusher is implemented by Receivers that may keep packets across
 // EndBatch (a GRO engine with a flush timeout). When its ring ran empty a
 // worker calls Flush after EndBatch, so that nothing is held while it
-// sleeps; under load only EndBatch is called. This is the kernel's split
-// between a full GRO flush on an empty ring and a flush of old packets
-// only under load (cpu_map_gro_flush). A *gro.Engine is a Flusher.
+// sleeps: cpu_map_gro_flush's full gro_flush on an empty ring. A
+// *gro.Engine is a Flusher.
 type Flusher interface {
 	Flush()
+}
+
+// OldFlusher is implemented by Receivers that can hand up just the packets
+// they have held at least age at now (a *gro.Engine). Every 64 frames under
+// load, while the ring still holds frames, a worker calls
+// FlushOlderThan(1ms, now) instead of EndBatch: cpu_map_gro_flush's
+// gro_flush(gro, flush_old = !empty && HZ >= 1000), which leaves the
+// packets of the current jiffy held, as napi_complete_done's does.
+type OldFlusher interface {
+	FlushOlderThan(age time.Duration, now int64)
+}
+
+// ListReceiver is implemented by Receivers that take a round's frames as
+// one list (netif_receive_skb_list, what cpu_map_kthread_run handed the
+// stack before it had a GRO instance): the worker calls ReceiveList once
+// per round instead of Receive per frame. ReceiveList takes ownership of
+// every packet in ps and borrows ps itself for the call only.
+type ListReceiver interface {
+	ReceiveList(ps []*bufpool.Packet, now int64)
 }
 
 // Config configures a Map.
@@ -108,8 +131,10 @@ type Map struct {
 type entry struct {
 	ring    ring
 	recv    Receiver
-	flusher Flusher // recv, when it is one; else nil
-	cpu     int     // what Pin returned; set before New returns
+	flusher Flusher      // recv, when it is one; else nil
+	old     OldFlusher   // recv, when it is one; else nil
+	list    ListReceiver // recv, when it is one; else nil
+	cpu     int          // what Pin returned; set before New returns
 }
 
 // New validates cfg, creates each entry's Receiver and starts the workers.
@@ -162,6 +187,8 @@ func New(cfg Config) (*Map, error) {
 			return nil, fmt.Errorf("cpumap: NewReceiver(%d) returned nil", i)
 		}
 		e.flusher, _ = e.recv.(Flusher)
+		e.old, _ = e.recv.(OldFlusher)
+		e.list, _ = e.recv.(ListReceiver)
 	}
 	errs := make([]error, len(m.entries))
 	var ready sync.WaitGroup
@@ -233,9 +260,9 @@ func (m *Map) Close() error {
 }
 
 // run is entry i's worker, after cpu_map_kthread_run: take up to Batch
-// frames, hand each to the Receiver, end the batch when the ring ran empty
-// or every flushFrames frames, sleep while the ring is empty, and once the
-// map closes, drain the ring and stop.
+// frames, hand them to the Receiver (as a list to a ListReceiver), flush when the ring ran empty or every flushFrames
+// frames (endBatch), sleep while the ring is empty, and once the map
+// closes, drain the ring and stop.
 func (m *Map) run(i int, pinErr *error, ready *sync.WaitGroup) {
 	defer m.wg.Done()
 	e := &m.entries[i]
@@ -267,10 +294,15 @@ func (m *Map) run(i int, pinErr *error, ready *sync.WaitGroup) {
 		}
 		n := r.pop(frames)
 		now := m.now()
-		for j, p := range frames[:n] {
-			frames[j] = nil
-			e.recv.Receive(p, now)
+		if e.list != nil {
+			e.list.ReceiveList(frames[:n], now)
+			st.Lists.Add(1)
+		} else {
+			for _, p := range frames[:n] {
+				e.recv.Receive(p, now)
+			}
 		}
+		clear(frames[:n])
 		st.Rounds.Add(1)
 		st.Frames.Add(uint64(n))
 		packets += n
@@ -282,8 +314,16 @@ func (m *Map) run(i int, pinErr *error, ready *sync.WaitGroup) {
 	m.endBatch(e, st, m.now(), true)
 }
 
-// endBatch ends the Receiver's batch; full when the ring ran empty.
+// endBatch is cpu_map_gro_flush: with the ring empty (full) it ends the
+// Receiver's batch and flushes a Flusher in full; while the ring still
+// holds frames it flushes an OldFlusher's packets older than a jiffy
+// (flush_old), or ends the batch of a Receiver that is none.
 func (m *Map) endBatch(e *entry, st *EntryStats, now int64, full bool) {
+	if !full && e.old != nil {
+		e.old.FlushOlderThan(jiffy, now)
+		st.FlushOld.Add(1)
+		return
+	}
 	e.recv.EndBatch(now)
 	st.EndBatches.Add(1)
 	if full && e.flusher != nil {

@@ -486,6 +486,7 @@ func TestStatsEach(t *testing.T) {
 		"cpumap_dropped=3", "cpumap_redirect_invalid=1",
 		"cpumap_worker_rounds=2", "cpumap_worker_frames=5",
 		"cpumap_worker_empty_waits=3", "cpumap_worker_end_batches=1",
+		"cpumap_worker_flush_old=0", "cpumap_worker_lists=0",
 		"cpumap_entry_0_frames=5", "cpumap_entry_0_dropped=2",
 		"cpumap_entry_1_frames=0", "cpumap_entry_1_dropped=0",
 	}
@@ -500,7 +501,7 @@ func TestStatsEach(t *testing.T) {
 	many := newTestMap(t, Config{CPUs: make([]int, 10)}, make([]*recorder, 10)...)
 	var names []string
 	many.Stats().Each(func(name string, _ uint64) { names = append(names, name) })
-	if got, want := len(names), 9+2*8; got != want {
+	if got, want := len(names), 11+2*8; got != want {
 		t.Errorf("10 entries: got %d counters, want %d", got, want)
 	}
 	if got, want := names[len(names)-1], "cpumap_entry_7_dropped"; got != want {

@@ -44,6 +44,12 @@ type EntryStats struct {
 	EmptyWaits atomic.Uint64
 	// EndBatches counts Receiver.EndBatch calls.
 	EndBatches atomic.Uint64
+	// FlushOld counts the flushes of packets older than a jiffy made
+	// under load (OldFlusher.FlushOlderThan).
+	FlushOld atomic.Uint64
+	// Lists counts rounds handed over as one list (ListReceiver).
+	Lists atomic.Uint64
+
 	// Dropped counts frames that did not fit in the entry's ring.
 	Dropped atomic.Uint64
 	_       [cacheLine]byte
@@ -91,6 +97,18 @@ func (s *Stats) WorkerEndBatches() uint64 {
 	return s.sum(func(e *EntryStats) uint64 { return e.EndBatches.Load() })
 }
 
+// WorkerFlushOld returns the flushes of old packets under load of all
+// workers: cpumap_worker_flush_old.
+func (s *Stats) WorkerFlushOld() uint64 {
+	return s.sum(func(e *EntryStats) uint64 { return e.FlushOld.Load() })
+}
+
+// WorkerLists returns the rounds all workers handed over as lists:
+// cpumap_worker_lists.
+func (s *Stats) WorkerLists() uint64 {
+	return s.sum(func(e *EntryStats) uint64 { return e.Lists.Load() })
+}
+
 // BulkSizeAvg returns the average frames per bulk flush (0 before any).
 func (s *Stats) BulkSizeAvg() float64 {
 	n := s.BulkFlushes.Load()
@@ -122,6 +140,8 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("cpumap_worker_frames", s.WorkerFrames())
 	fn("cpumap_worker_empty_waits", s.WorkerEmptyWaits())
 	fn("cpumap_worker_end_batches", s.WorkerEndBatches())
+	fn("cpumap_worker_flush_old", s.WorkerFlushOld())
+	fn("cpumap_worker_lists", s.WorkerLists())
 	for i := range len(s.names) / 2 {
 		e := &s.entries[i]
 		fn(s.names[2*i], e.Frames.Load())

@@ -44,6 +44,7 @@ type linkEndpoint struct {
 	cpumap   *cpumap.Map
 	cpuProd  *cpumap.Producer
 	cpuGRO   []*gro.Engine
+	cpuCsum  cpumapCsumStats
 
 	// tunnel is the tunnel's NIC (nil without a tunnel): decapsulated
 	// packets for its inner addresses go to it.

@@ -3,6 +3,7 @@ package stack
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
@@ -75,15 +76,98 @@ func (e *linkEndpoint) xdpTX(p *bufpool.Packet) {
 	e.xdpParts = parts[:0]
 }
 
-// directReceiver is a cpumap worker's receiver with cpumap GRO off: every
-// frame goes to gVisor on its own, as the kthread did before seed 004.
-type directReceiver struct{ e *linkEndpoint }
+// cpumapRx is one cpumap worker's receiver (cpu_map_kthread_run's side of
+// the map). The worker hands it each round's frames as one list; for each
+// it builds the packet as __xdp_build_skb_from_frame does, with no checksum
+// status (CHECKSUM_NONE, csumNone), and hands it to the worker's own GRO
+// engine (gro_receive_skb) or, with cpumap GRO off, to gVisor
+// (netif_receive_skb_list: Deliver's stages 3 to 10 for each, in order).
+// Its methods are called from its worker's goroutine only.
+type cpumapRx struct {
+	e   *linkEndpoint
+	gro *gro.Engine // nil: cpumap GRO off
+	st  *cpumapCsumStats
 
-func (r directReceiver) Receive(p *bufpool.Packet, _ int64) { r.e.toGVisor(p) }
-func (r directReceiver) EndBatch(int64)                     {}
+	buf []byte // a frame's bytes, for the software check; grown to the largest
+	fi  driver.FrameInfo
+}
+
+// cpumapCsumStats count the workers' software checksum checks.
+type cpumapCsumStats struct {
+	sw, trusted atomic.Uint64
+}
+
+// csumNone gives p what a CHECKSUM_NONE skb gets: the checksums the NIC
+// verified are verified again in software (as GRO's
+// skb_gro_checksum_validate, or udp_rcv and tcp_v4_rcv without GRO, do for
+// an skb built from an xdp_frame), counted in cpumap_rx_csum_sw. A frame
+// the NIC did not verify goes on unverified: GRO or csumCheck checks it and
+// drops it if bad. A frame the NIC vouched for whose bytes hold no checksum
+// to verify (CHECKSUM_PARTIAL: the sender behind the TAP left it to offload,
+// which a wire never carries) stays trusted, counted in
+// cpumap_rx_csum_trusted. It borrows p.
+func (r *cpumapRx) csumNone(p *bufpool.Packet) {
+	if !p.CsumVerified {
+		return
+	}
+	n := p.TotalLen()
+	if cap(r.buf) < n {
+		r.buf = make([]byte, n)
+	}
+	frame := r.buf[:p.CopyTo(r.buf[:n])]
+	if driver.ParseFrame(frame, &r.fi) == driver.DropNone &&
+		driver.VerifyChecksums(frame, &r.fi, true) == driver.DropNone {
+		r.st.sw.Add(1)
+		return
+	}
+	r.st.trusted.Add(1)
+}
+
+// Receive takes p.
+func (r *cpumapRx) Receive(p *bufpool.Packet, now int64) {
+	r.csumNone(p)
+	if r.gro != nil {
+		r.gro.Receive(p, now)
+		return
+	}
+	r.e.toGVisor(p)
+}
+
+// ReceiveList takes every packet of ps, in order (cpumap.ListReceiver).
+func (r *cpumapRx) ReceiveList(ps []*bufpool.Packet, now int64) {
+	for _, p := range ps {
+		r.Receive(p, now)
+	}
+}
+
+// EndBatch, Flush and FlushOlderThan are cpu_map_gro_flush on the worker's
+// GRO engine (cpumap.Flusher, cpumap.OldFlusher); no-ops with GRO off.
+func (r *cpumapRx) EndBatch(now int64) {
+	if r.gro != nil {
+		r.gro.EndBatch(now)
+	}
+}
+
+func (r *cpumapRx) Flush() {
+	if r.gro != nil {
+		r.gro.Flush()
+	}
+}
+
+func (r *cpumapRx) FlushOlderThan(age time.Duration, now int64) {
+	if r.gro != nil {
+		r.gro.FlushOlderThan(age, now)
+	}
+}
+
+var (
+	_ cpumap.Flusher      = (*cpumapRx)(nil)
+	_ cpumap.OldFlusher   = (*cpumapRx)(nil)
+	_ cpumap.ListReceiver = (*cpumapRx)(nil)
+)
 
 // startCPUMap builds the cpumap whose workers deliver to gVisor, each with
-// its own GRO engine when groOn.
+// its own GRO engine unless cfg.NoCPUMapGRO.
 func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 	var engines []*gro.Engine
 	m, err := cpumap.New(cpumap.Config{
@@ -91,12 +175,12 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 		QueueSize: cfg.CPUMapQueue,
 		Pin:       driver.PinThread,
 		NewReceiver: func(int) cpumap.Receiver {
-			if cfg.NoCPUMapGRO {
-				return directReceiver{e}
+			r := &cpumapRx{e: e, st: &e.cpuCsum}
+			if !cfg.NoCPUMapGRO {
+				r.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(e))
+				engines = append(engines, r.gro)
 			}
-			g := gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(e))
-			engines = append(engines, g)
-			return g
+			return r
 		},
 	})
 	if err != nil {
@@ -106,9 +190,14 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 	return nil
 }
 
-// eachCPUMapGRO yields the cpumap workers' GRO counters summed, named
-// cpumap_rx_gro_*.
+// eachCPUMapGRO yields the cpumap workers' checksum counters
+// (cpumap_rx_csum_*) and their GRO counters summed, named cpumap_rx_gro_*.
 func (e *linkEndpoint) eachCPUMapGRO(fn func(string, uint64)) {
+	if e.cpumap == nil {
+		return
+	}
+	fn("cpumap_rx_csum_sw", e.cpuCsum.sw.Load())
+	fn("cpumap_rx_csum_trusted", e.cpuCsum.trusted.Load())
 	if len(e.cpuGRO) == 0 {
 		return
 	}

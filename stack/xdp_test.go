@@ -6,8 +6,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
@@ -127,6 +132,12 @@ func TestCPUMapRedirect(t *testing.T) {
 			if !tc.noGRO && c["cpumap_rx_gro_skbs"] == 0 {
 				t.Errorf("cpumap_rx_gro_skbs: got 0, want > 0 with cpumap GRO on")
 			}
+			if l, r := c["cpumap_worker_lists"], c["cpumap_worker_rounds"]; l == 0 || l != r {
+				t.Errorf("cpumap_worker_lists %d, cpumap_worker_rounds %d: want one list per round", l, r)
+			}
+			if c["cpumap_rx_csum_sw"]+c["cpumap_rx_csum_trusted"] == 0 {
+				t.Errorf("cpumap_rx_csum_sw and cpumap_rx_csum_trusted: got 0, want every frame checked")
+			}
 			if tc.noGRO && c["cpumap_rx_gro_skbs"] != 0 {
 				t.Errorf("cpumap_rx_gro_skbs: got %d, want 0 with cpumap GRO off", c["cpumap_rx_gro_skbs"])
 			}
@@ -207,5 +218,70 @@ func TestXDPTX(t *testing.T) {
 	}
 	if c := counterMap(rx); c["rx_xdp_tx"] != 1 || c["rx_xdp_tx_errors"] != 0 {
 		t.Errorf("rx_xdp_tx %d, rx_xdp_tx_errors %d: want 1 and 0", c["rx_xdp_tx"], c["rx_xdp_tx_errors"])
+	}
+}
+
+// countDispatcher counts the packets gVisor gets, from any goroutine.
+type countDispatcher struct{ n atomic.Int64 }
+
+func (d *countDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *gstack.PacketBuffer) {
+	d.n.Add(1)
+}
+func (d *countDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack.PacketBuffer) {}
+
+// TestCPUMapChecksumNone: a redirected frame loses the checksum status the
+// NIC gave it (an xdp_frame becomes a CHECKSUM_NONE skb), so the worker
+// verifies in software what the NIC had verified (cpumap_rx_csum_sw); a
+// frame the NIC found bad goes up unverified and is dropped and counted
+// (udp_checksum_errors; with GRO on, also cpumap_rx_gro_csum_bad); a frame
+// the TAP vouched for with no checksum in its bytes (NEEDS_CSUM) stays
+// trusted (cpumap_rx_csum_trusted). With cpumap GRO on and off.
+func TestCPUMapChecksumNone(t *testing.T) {
+	for _, noGRO := range []bool{false, true} {
+		prog, err := cpumap.ParseProgram("cpu:0", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := &linkEndpoint{xdp: prog}
+		var d countDispatcher
+		ep.Attach(&d)
+		if err := ep.startCPUMap(&Config{CPUMap: []int{0}, NoCPUMapGRO: noGRO}); err != nil {
+			t.Fatal(err)
+		}
+		send := func(f []byte, verified bool) {
+			p := bufpool.NewPacket()
+			p.Linear = append(p.Linear, f...)
+			p.Len, p.HdrLen, p.CsumVerified = len(f), len(f)-100, verified
+			ep.Deliver(p)
+		}
+		bad := csumFrame(true)
+		bad[len(bad)-1] ^= 1
+		partial := csumFrame(false)
+		partial[header.EthernetMinimumSize+header.IPv4MinimumSize+16] ^= 0x55 // the TCP checksum
+		send(csumFrame(true), true)
+		send(csumFrame(false), true)
+		send(bad, false)                          // the NIC found it bad: CHECKSUM_NONE already
+		send(partial, true)                       // NEEDS_CSUM: no checksum in its bytes
+		ep.Flush(false)                           // the bulk queue goes to the ring
+		if err := ep.cpumap.Close(); err != nil { // drains the ring, flushes GRO
+			t.Fatal(err)
+		}
+		c := map[string]uint64{}
+		ep.eachCPUMapGRO(func(name string, v uint64) { c[name] = v })
+		if got := d.n.Load(); got != 3 {
+			t.Errorf("gro off %v: packets to gVisor: got %d, want 3 (all but the bad one)", noGRO, got)
+		}
+		if got := ep.csum.udp.Load(); got != 1 {
+			t.Errorf("gro off %v: udp_checksum_errors: got %d, want 1", noGRO, got)
+		}
+		if got := c["cpumap_rx_csum_sw"]; got != 2 {
+			t.Errorf("gro off %v: cpumap_rx_csum_sw: got %d, want 2", noGRO, got)
+		}
+		if got := c["cpumap_rx_csum_trusted"]; got != 1 {
+			t.Errorf("gro off %v: cpumap_rx_csum_trusted: got %d, want 1", noGRO, got)
+		}
+		if got, want := c["cpumap_rx_gro_csum_bad"], map[bool]uint64{false: 1, true: 0}[noGRO]; got != want {
+			t.Errorf("gro off %v: cpumap_rx_gro_csum_bad: got %d, want %d", noGRO, got, want)
+		}
 	}
 }
