@@ -63,9 +63,11 @@ func basePolicy(mtu int, settings ...string) policy {
 	return p
 }
 
-// cpumapPaths are seed 004's three receive paths: no cpumap, and every
-// frame redirected from the poll loop (NIC and poll loop on CPU 0) to a
-// cpumap worker on CPU 1, with its GRO off and on.
+// cpumapPaths are seed 004's receive paths: no cpumap, and every frame
+// redirected from the poll loop (NIC and poll loop on CPU 0) to a cpumap
+// worker on CPU 1, with its GRO off and on; last, no cpumap with GRO off,
+// what cpumap GRO off must carry at least. bench.CPUMap compares with
+// paths[1].
 func cpumapPaths(mtu int) []bench.Row {
 	pinned := []string{"nic-cpu=0", "poll-cpu=0"}
 	rows := []bench.Row{row("no cpumap", basePolicy(mtu, pinned...))}
@@ -73,6 +75,7 @@ func cpumapPaths(mtu int) []bench.Row {
 		p := basePolicy(mtu, append(pinned, "xdp=cpu:0", "cpumap=1", "cpumap-gro="+g)...)
 		rows = append(rows, row("cpumap gro "+g, p))
 	}
+	rows = append(rows, row("no cpumap gro off", basePolicy(mtu, append(pinned, "gro=off")...)))
 	return rows
 }
 
