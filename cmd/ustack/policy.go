@@ -147,7 +147,7 @@ var policies = []policySwitch{
 		usage: "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)",
 		bind:  func(p *policy) any { return (*cpuList)(&p.cfg.CPUMap) }},
 	{name: "cpumap-gro", values: "on|off", def: "on", kernel: "cpumap GRO (cpu_map_kthread_run)",
-		usage: "GRO in the cpumap workers",
+		usage: "GRO in the cpumap workers, flushed of what is older than 1 ms every 64 frames while the ring holds frames and in full when it is empty (cpu_map_gro_flush); off: each round goes to the stack as one list (netif_receive_skb_list). Either way the worker verifies a redirected frame's checksums in software (CHECKSUM_NONE)",
 		bind:  func(p *policy) any { return (*offOn)(&p.cfg.NoCPUMapGRO) }},
 	{name: "cpumap-qsize", values: "N", def: "0", kernel: "bpf_cpumap_val.qsize",
 		usage: "ring size of each cpumap entry (0: 2048)",
