@@ -85,7 +85,7 @@ func (e *linkEndpoint) xdpTX(p *bufpool.Packet) {
 // Its methods are called from its worker's goroutine only.
 type cpumapRx struct {
 	e   *linkEndpoint
-	gro *gro.Engine // nil: cpumap GRO off
+	gro *gro.Engine // nil: cpumap GRO off; else the receiver is a cpumapGRORx
 	st  *cpumapCsumStats
 
 	buf []byte // a frame's bytes, for the software check; grown to the largest
@@ -140,30 +140,22 @@ func (r *cpumapRx) ReceiveList(ps []*bufpool.Packet, now int64) {
 	}
 }
 
-// EndBatch, Flush and FlushOlderThan are cpu_map_gro_flush on the worker's
-// GRO engine (cpumap.Flusher, cpumap.OldFlusher); no-ops with GRO off.
-func (r *cpumapRx) EndBatch(now int64) {
-	if r.gro != nil {
-		r.gro.EndBatch(now)
-	}
-}
+// EndBatch implements cpumap.Receiver: nothing is held with GRO off.
+func (r *cpumapRx) EndBatch(int64) {}
 
-func (r *cpumapRx) Flush() {
-	if r.gro != nil {
-		r.gro.Flush()
-	}
-}
+// cpumapGRORx is a cpumapRx with a GRO engine: cpu_map_gro_flush on it
+// (cpumap.Flusher in full on an empty ring, cpumap.OldFlusher under load).
+type cpumapGRORx struct{ cpumapRx }
 
-func (r *cpumapRx) FlushOlderThan(age time.Duration, now int64) {
-	if r.gro != nil {
-		r.gro.FlushOlderThan(age, now)
-	}
-}
+func (r *cpumapGRORx) EndBatch(now int64)                          { r.gro.EndBatch(now) }
+func (r *cpumapGRORx) Flush()                                      { r.gro.Flush() }
+func (r *cpumapGRORx) FlushOlderThan(age time.Duration, now int64) { r.gro.FlushOlderThan(age, now) }
 
 var (
-	_ cpumap.Flusher      = (*cpumapRx)(nil)
-	_ cpumap.OldFlusher   = (*cpumapRx)(nil)
 	_ cpumap.ListReceiver = (*cpumapRx)(nil)
+	_ cpumap.ListReceiver = (*cpumapGRORx)(nil)
+	_ cpumap.Flusher      = (*cpumapGRORx)(nil)
+	_ cpumap.OldFlusher   = (*cpumapGRORx)(nil)
 )
 
 // startCPUMap builds the cpumap whose workers deliver to gVisor, each with
@@ -175,12 +167,13 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 		QueueSize: cfg.CPUMapQueue,
 		Pin:       driver.PinThread,
 		NewReceiver: func(int) cpumap.Receiver {
-			r := &cpumapRx{e: e, st: &e.cpuCsum}
-			if !cfg.NoCPUMapGRO {
-				r.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(e))
-				engines = append(engines, r.gro)
+			rx := cpumapRx{e: e, st: &e.cpuCsum}
+			if cfg.NoCPUMapGRO {
+				return &rx
 			}
-			return r
+			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(e))
+			engines = append(engines, rx.gro)
+			return &cpumapGRORx{rx}
 		},
 	})
 	if err != nil {

@@ -138,6 +138,9 @@ func TestCPUMapRedirect(t *testing.T) {
 			if c["cpumap_rx_csum_sw"]+c["cpumap_rx_csum_trusted"] == 0 {
 				t.Errorf("cpumap_rx_csum_sw and cpumap_rx_csum_trusted: got 0, want every frame checked")
 			}
+			if tc.noGRO && c["cpumap_worker_flush_old"] != 0 {
+				t.Errorf("cpumap_worker_flush_old: got %d, want 0 with cpumap GRO off (nothing held)", c["cpumap_worker_flush_old"])
+			}
 			if tc.noGRO && c["cpumap_rx_gro_skbs"] != 0 {
 				t.Errorf("cpumap_rx_gro_skbs: got %d, want 0 with cpumap GRO off", c["cpumap_rx_gro_skbs"])
 			}
