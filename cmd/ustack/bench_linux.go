@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -38,17 +37,11 @@ func benchCmd(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *cpuprof != "" {
-		f, err := os.Create(*cpuprof)
-		if err != nil {
-			return usageError{fmt.Errorf("-cpuprofile: %w", err)}
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProf, err := startCPUProfile(*cpuprof)
+	if err != nil {
+		return err
 	}
+	defer stopProf()
 	if *dur <= 0 || *dur > time.Minute || *rounds < 1 || *rounds > 50 {
 		return usageError{errors.New("want 0 < -t <= 1m and 1 <= -rounds <= 50")}
 	}
