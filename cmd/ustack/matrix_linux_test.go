@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,7 +104,7 @@ func TestMatrixRun(t *testing.T) {
 		t.Errorf("no table:\n%s", out)
 	}
 	ns, _ := exec.Command("ip", "netns", "list").Output()
-	if strings.Contains(string(ns), "ustack-matrix") {
+	if strings.Contains(string(ns), fmt.Sprintf("ustack-matrix-%d-", cmd.Process.Pid)) {
 		t.Errorf("namespaces left: %s", ns)
 	}
 }
@@ -119,7 +120,8 @@ func TestBenchRR(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Skipf("cannot build ustack (%v): %s", err, out)
 	}
-	out, err := exec.Command(bin, "bench", "-rr", "-t", "300ms", "-rounds", "1").CombinedOutput()
+	cmd := exec.Command(bin, "bench", "-rr", "-t", "300ms", "-rounds", "1")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -142,8 +144,10 @@ func TestBenchRR(t *testing.T) {
 	if rows != 2 {
 		t.Errorf("%d rows, want ustack's and the kernel's:\n%s", rows, out)
 	}
+	// Namespaces are named prefix-PID-N: look only for this run's.
 	ns, _ := exec.Command("ip", "netns", "list").Output()
-	if strings.Contains(string(ns), "ustack-rr") || strings.Contains(string(ns), "ustack-bench") {
+	pid := fmt.Sprintf("-%d-", cmd.Process.Pid)
+	if strings.Contains(string(ns), "ustack-rr-rx"+pid) || strings.Contains(string(ns), "ustack-bench"+pid) {
 		t.Errorf("namespaces left: %s", ns)
 	}
 }
