@@ -314,7 +314,7 @@ func (n *nicState) receive(b []byte, inRing int) {
 }
 
 // receiveGSO handles a super-frame: whole with LRO (TCP only, as hardware
-// LRO), else cut into the frames the wire would have carried. m is the
+// LRO) or RxUSO (UDP), else cut into the frames the wire would have carried. m is the
 // super-frame's layout, outer tunnel header and bytes in the WQE (receive).
 func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 	st := &n.d.stats
@@ -337,6 +337,18 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 		if n.place(frame, nil, m) {
 			st.LROFrames.Add(1)
 			st.LROBytes.Add(uint64(len(frame)))
+		}
+		return
+	}
+	if n.d.cfg.RxUSO && fi.L4 == L4UDP && gt == VirtioNetHdrGSOUDPL4 && h.GSOSize > 0 {
+		if len(frame) > n.maxFrame {
+			n.dropped(DropTooBig)
+			return
+		}
+		m.csum, m.gsoSize = CsumPartial, h.GSOSize
+		if n.place(frame, nil, m) {
+			st.USOFrames.Add(1)
+			st.USOBytes.Add(uint64(len(frame)))
 		}
 		return
 	}

@@ -348,7 +348,7 @@ func ringPages(dc *driver.Config, pc *bufpool.Config) int {
 	if dc.MTU == 0 {
 		frame = driver.DefaultMTU + 18
 	}
-	if dc.LRO {
+	if dc.WholeSuperFrames() {
 		frame = 65535 + 18
 	}
 	entries := dc.RingSize
