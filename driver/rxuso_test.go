@@ -56,6 +56,9 @@ func TestRxUSO(t *testing.T) {
 			if on && (st["rx_uso_packets"] != 1 || st["rx_uso_bytes"] != uint64(len(frame)) || st["rx_gso_segs"] != 0) {
 				t.Errorf("%v on: rx_uso_packets %d, rx_uso_bytes %d (want %d), rx_gso_segs %d", l3, st["rx_uso_packets"], st["rx_uso_bytes"], len(frame), st["rx_gso_segs"])
 			}
+			if on && st["rx_wire_direct"] != 1 {
+				t.Errorf("%v on: rx_wire_direct %d, want the super-frame read straight into the ring", l3, st["rx_wire_direct"])
+			}
 			if !on && (st["rx_uso_packets"] != 0 || st["rx_gso_segs"] != payload/gso) {
 				t.Errorf("%v off: rx_uso_packets %d, rx_gso_segs %d", l3, st["rx_uso_packets"], st["rx_gso_segs"])
 			}
