@@ -114,11 +114,17 @@ func (r *RXFrags) Next() (Frag, error) {
 	r.quarantine()
 	i := r.next
 	pg, err := r.take(r.pages[i])
+	if err != nil && r.pages[i] == nil && i > 0 {
+		// The pool cannot back the whole array (Config.MaxPages,
+		// MaxBytes): cycle through the pages it could allocate.
+		i = 0
+		pg, err = r.take(r.pages[0])
+	}
 	if err != nil {
-		return Frag{}, err
+		return Frag{}, err // the frame is dropped; the entry stays
 	}
 	r.pages[i] = pg
-	if r.next++; r.next == len(r.pages) {
+	if r.next = i + 1; r.next == len(r.pages) {
 		r.next = 0
 	}
 	r.cur, r.off = pg, r.stride

@@ -245,3 +245,39 @@ func TestGetUnitFallbackRecover(t *testing.T) {
 		pg.DecRef()
 	}
 }
+
+// TestRXFragsShortPool: when the pool cannot back the whole array (a page
+// limit), RXFrags cycles through the pages it has instead of dropping
+// every frame at the first entry it cannot fill.
+func TestRXFragsShortPool(t *testing.T) {
+	p := newTestPool(t, Config{MaxPages: 2, Poison: true})
+	r := newTestRXFrags(t, p, 8) // an array of 8 pages
+	var pages []*Page
+	for i := range 20 {
+		f, err := r.Next()
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if i%2 == 0 && len(pages) < 2 {
+			pages = append(pages, f.Page)
+		}
+		if f.Page != pages[i/2%2] {
+			t.Fatalf("frame %d: got page %p, want %p", i, f.Page, pages[i/2%2])
+		}
+		f.Page.DecRef()
+	}
+	// Held pages and no room: the frame is dropped, and the next one finds
+	// the page again once it is free.
+	var held []Frag
+	for range 4 {
+		held = append(held, mustNext(t, r)) // both pages' frames
+	}
+	if _, err := r.Next(); err == nil {
+		t.Error("Next with every page held and none to allocate: got no error")
+	}
+	for _, f := range held {
+		f.Page.DecRef()
+	}
+	f := mustNext(t, r)
+	f.Page.DecRef()
+}

@@ -19,14 +19,17 @@ import (
 func mlx4FrameSize(mtu int) int { return mtu + header.EthernetMinimumSize + 2*hdr.VLANTagLen }
 
 // initCyclic sets up the cyclic RQ's frame placement if every frame fits
-// one order-0 page: slots is the RQ's depth in descriptors, slotCost the
-// bytes each frame is charged (the RQ's bytes over its descriptors).
+// one order-0 page (a whole super-frame does not): slots is the RQ's depth
+// in descriptors, slotCost the bytes each frame is charged (the RQ's bytes
+// over its descriptors).
 func (n *nicState) initCyclic(slots int, slotCost uint64) {
 	c := &n.d.cfg
-	if c.RQ != RQCyclic || c.LRO || mlx4FrameSize(c.MTU) > n.d.pool.PageSize() {
+	frame := mlx4FrameSize(c.MTU)
+	if c.RQ != RQCyclic || n.maxFrame > frame || frame > n.d.pool.PageSize() {
+		// Whole super-frames (LRO, RxUSO) or a frame past a page.
 		return
 	}
-	r, err := bufpool.NewRXFrags(n.d.pool, slots, mlx4FrameSize(c.MTU))
+	r, err := bufpool.NewRXFrags(n.d.pool, slots, frame)
 	if err != nil {
 		return // the WQE path places it
 	}
