@@ -34,6 +34,12 @@
 //     the ring was full, waived after an order change, drained by Close,
 //     never recycled (NoRecycle, or a page retired with DecRef).
 //
+// The quarantine ring above serves the striding RQ (mlx5's page_pool). The
+// cyclic RQ, mlx4's kind of ring, places its frames with RXFrags instead,
+// as mlx4 did before and after seed 001's patch: pages from GetUnit
+// (high-order allocations split into order-0 units) in a pool array with a
+// quarantine half, or one order-0 page per RX slot with NoRecycle.
+//
 // Lending: a page whose memory was handed to a holder the pool cannot count
 // (gVisor's views, which keep reference counts of their own) is marked with
 // Lend. Get reuses a lent page only when Config.Memory says nobody else
