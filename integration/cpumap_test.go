@@ -13,7 +13,8 @@ import (
 
 // TestCPUMapBulk runs the byte-exact bulk check through the cpumap: every
 // frame is redirected by the hash program from the poll loop to one of two
-// workers, which run their own GRO (or not) and deliver to gVisor.
+// workers, which run their own GRO (or not) and deliver to gVisor, each
+// round as one list, the NIC's checksum status dropped and checked again.
 func TestCPUMapBulk(t *testing.T) {
 	needRoot(t)
 	for i, tc := range []struct {
@@ -39,6 +40,15 @@ func TestCPUMapBulk(t *testing.T) {
 			}
 			if !tc.noGRO && !tc.lro && c["cpumap_rx_gro_skbs"] == 0 {
 				t.Errorf("cpumap_rx_gro_skbs: got 0, want > 0")
+			}
+			// The worker takes each round as one list and checks in
+			// software the checksums of each frame the NIC vouched for
+			// (CHECKSUM_NONE after the redirect).
+			if l, r := c["cpumap_worker_lists"], c["cpumap_worker_rounds"]; l == 0 || l < r { // read rounds first: a round adds to lists first
+				t.Errorf("cpumap_worker_lists %d, cpumap_worker_rounds %d: want one list per round", l, r)
+			}
+			if n := c["cpumap_rx_csum_sw"] + c["cpumap_rx_csum_trusted"]; n == 0 || n > c["rx_xdp_redirect"] {
+				t.Errorf("cpumap_rx_csum_sw + cpumap_rx_csum_trusted %d: want 1 to rx_xdp_redirect %d", n, c["rx_xdp_redirect"])
 			}
 			if c["cpumap_dropped"] != 0 {
 				t.Logf("cpumap_dropped %d (rings full; TCP retransmitted)", c["cpumap_dropped"])
