@@ -110,17 +110,33 @@ func (r *cpumapRx) csumNone(p *bufpool.Packet) {
 	if !p.CsumVerified {
 		return
 	}
-	n := p.TotalLen()
-	if cap(r.buf) < n {
-		r.buf = make([]byte, n)
-	}
-	frame := r.buf[:p.CopyTo(r.buf[:n])]
+	frame := r.frame(p)
 	if driver.ParseFrame(frame, &r.fi) == driver.DropNone &&
 		driver.VerifyChecksums(frame, &r.fi, true) == driver.DropNone {
 		r.st.sw.Add(1)
 		return
 	}
 	r.st.trusted.Add(1)
+}
+
+// frame returns p's bytes in one slice: its linear part when that is all,
+// else a copy in r.buf (valid until the next call). It borrows p.
+func (r *cpumapRx) frame(p *bufpool.Packet) []byte {
+	if p.Next == nil && len(p.Frags) == 0 {
+		return p.Linear
+	}
+	n := p.TotalLen()
+	if cap(r.buf) < n {
+		r.buf = make([]byte, n)
+	}
+	if p.Next != nil {
+		return r.buf[:p.CopyTo(r.buf[:n])]
+	}
+	m := copy(r.buf[:n], p.Linear)
+	for _, f := range p.Frags {
+		m += copy(r.buf[m:n], f.Bytes())
+	}
+	return r.buf[:m]
 }
 
 // Receive takes p.

@@ -257,28 +257,43 @@ func TestCPUMapChecksumNone(t *testing.T) {
 			p.Len, p.HdrLen, p.CsumVerified = len(f), len(f)-100, verified
 			ep.Deliver(p)
 		}
+		pool := testutil.NewPoisonPool(t)
+		sendSplit := func(f []byte) { // headers linear, payload in a page frag
+			pg, err := pool.Get()
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := bufpool.NewPacket()
+			hdr := len(f) - 100
+			p.Linear = append(p.Linear, f[:hdr]...)
+			copy(pg.Bytes()[8:], f[hdr:])
+			p.Frags = append(p.Frags, bufpool.Frag{Page: pg, Off: 8, Len: 100})
+			p.Len, p.HdrLen, p.CsumVerified = len(f), hdr, true
+			ep.Deliver(p)
+		}
 		bad := csumFrame(true)
 		bad[len(bad)-1] ^= 1
 		partial := csumFrame(false)
 		partial[header.EthernetMinimumSize+header.IPv4MinimumSize+16] ^= 0x55 // the TCP checksum
 		send(csumFrame(true), true)
 		send(csumFrame(false), true)
-		send(bad, false)                          // the NIC found it bad: CHECKSUM_NONE already
-		send(partial, true)                       // NEEDS_CSUM: no checksum in its bytes
+		send(bad, false)    // the NIC found it bad: CHECKSUM_NONE already
+		send(partial, true) // NEEDS_CSUM: no checksum in its bytes
+		sendSplit(csumFrame(true))
 		ep.Flush(false)                           // the bulk queue goes to the ring
 		if err := ep.cpumap.Close(); err != nil { // drains the ring, flushes GRO
 			t.Fatal(err)
 		}
 		c := map[string]uint64{}
 		ep.eachCPUMapGRO(func(name string, v uint64) { c[name] = v })
-		if got := d.n.Load(); got != 3 {
-			t.Errorf("gro off %v: packets to gVisor: got %d, want 3 (all but the bad one)", noGRO, got)
+		if got := d.n.Load(); got != 4 {
+			t.Errorf("gro off %v: packets to gVisor: got %d, want 4 (all but the bad one)", noGRO, got)
 		}
 		if got := ep.csum.udp.Load(); got != 1 {
 			t.Errorf("gro off %v: udp_checksum_errors: got %d, want 1", noGRO, got)
 		}
-		if got := c["cpumap_rx_csum_sw"]; got != 2 {
-			t.Errorf("gro off %v: cpumap_rx_csum_sw: got %d, want 2", noGRO, got)
+		if got := c["cpumap_rx_csum_sw"]; got != 3 {
+			t.Errorf("gro off %v: cpumap_rx_csum_sw: got %d, want 3", noGRO, got)
 		}
 		if got := c["cpumap_rx_csum_trusted"]; got != 1 {
 			t.Errorf("gro off %v: cpumap_rx_csum_trusted: got %d, want 1", noGRO, got)
