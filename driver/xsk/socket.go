@@ -367,17 +367,19 @@ func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (used, done uint32, s
 		switch d.Options {
 		case 0:
 			// The common case: one descriptor, no metadata. Nothing here
-			// reads the metadata area.
+			// reads the metadata area. The completion slot is written
+			// first and counted only if d is valid (an unpublished slot
+			// is overwritten or cancelled).
+			*s.cqp.Entry(cidx + done) = d.Addr
 			used++
 			if !s.validDesc(d) {
 				c.invalid++
 				return used, done, true, nil
 			}
+			done++
 			b := s.scratch[:vnetHdrLen+int(d.Len)]
 			clear(b[:vnetHdrLen]) // no offload requested
 			copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
-			*s.cqp.Entry(cidx + done) = d.Addr
-			done++
 			if err := s.w.Write(b); err != nil {
 				c.errors++
 				return used, done, true, err
