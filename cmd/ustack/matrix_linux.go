@@ -55,6 +55,7 @@ func matrixCmd(args []string) error {
 		csvOut  = fs.String("csv", "", "write every run with every counter as CSV to this file")
 		plotOut = fs.String("plot", "", "draw the cells (A against B, peers) to this .svg or .png file")
 		verbose = fs.Bool("v", false, "print a line per run on stderr")
+		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole matrix (ustack's side of every cell; the senders are other processes) to this file")
 	)
 	own := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) { own[f.Name] = true })
@@ -129,6 +130,11 @@ func matrixCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	stopProf, err := startCPUProfile(*cpuprof)
+	if err != nil {
+		return err
+	}
+	defer stopProf()
 	return bench.Matrix(bench.MatrixConfig{Exe: exe, Command: "ustack bench " + strings.Join(args, " "), Start: start,
 		Dur: *dur, Rounds: *rounds, CC: *cc, Dims: dims, Sides: sides, AB: ab, Peers: *peers, Threshold: threshold,
 		Base: base, Policy: parseBenchPolicy, Verbose: *verbose, JSON: *jsonOut, CSV: *csvOut, Plot: *plotOut})

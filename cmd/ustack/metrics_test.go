@@ -2,8 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -104,5 +110,53 @@ func TestTCPMemGauges(t *testing.T) {
 		if got := isGauge(name); got != gauge {
 			t.Errorf("isGauge(%q): got %v, want %v", name, got, gauge)
 		}
+	}
+}
+
+// TestMetricsMux: run's -metrics address serves the counters and Go's
+// profiles beside them.
+func TestMetricsMux(t *testing.T) {
+	srv := httptest.NewServer(metricsMux(func(fn func(string, uint64)) { fn("rx_packets", 7) }))
+	defer srv.Close()
+	for path, want := range map[string]string{
+		"/metrics":                       "ustack_rx_packets 7",
+		"/debug/pprof/":                  "goroutine",
+		"/debug/pprof/goroutine?debug=1": "goroutine profile:",
+		"/debug/pprof/cmdline":           "",
+	} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s: %s, want 200 with %q in:\n%.300s", path, resp.Status, want, body)
+		}
+	}
+}
+
+// TestStartCPUProfile: -cpuprofile writes a profile pprof can read, and
+// a path it cannot create is a usage error.
+func TestStartCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	stop, err := startCPUProfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b { // a profile is gzipped protobuf
+		t.Errorf("the profile is %d bytes, not gzip: % x", len(b), b[:min(len(b), 8)])
+	}
+	var ue usageError
+	if _, err := startCPUProfile(filepath.Join(t.TempDir(), "no", "such", "dir")); !errors.As(err, &ue) {
+		t.Errorf("uncreatable path: got %v, want a usage error", err)
 	}
 }

@@ -17,9 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/driver/xsk"
 	"github.com/ustack/ustack/stack"
@@ -79,7 +76,7 @@ func parseRun(args []string) (*runOptions, error) {
 	fs.DurationVar(&o.stats, "stats", 0, "print counters every DURATION (0: only at exit)")
 	fs.StringVar(&o.pcap, "pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
 	fs.StringVar(&o.pcapWire, "pcap-wire", "", "write the frames as read from the TAP to this pcap file")
-	fs.StringVar(&o.metrics, "metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)")
+	fs.StringVar(&o.metrics, "metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100), and Go's profiles at http://ADDR/debug/pprof/")
 	o.pol.register(fs)
 	var srvFlags serverFlags
 	srvFlags.register(fs)
@@ -259,11 +256,7 @@ func (r *runner) serve() error {
 		if err != nil {
 			return usageError{fmt.Errorf("-metrics %q: %w", o.metrics, err)}
 		}
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(newCollector(r.counters))
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: metricsMux(r.counters), ReadHeaderTimeout: 5 * time.Second}
 		r.onShutdown(func() { srv.Close() })
 		r.start(func() error {
 			if err := srv.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
