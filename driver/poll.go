@@ -84,12 +84,17 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 		if cqe.HWGRO {
 			hwgro++
 			bytes += uint64(cqe.ByteCount)
-			if done := d.shampoAdd(cqe); done != nil {
+			done, flushed := d.shampoAdd(cqe)
+			if done != nil {
 				d.handler.Deliver(done)
+			}
+			if flushed != nil {
+				d.handler.Deliver(flushed)
 			}
 			continue
 		}
 		if done := d.shampoFlush(); done != nil {
+			d.shampo.flushMismatch.Add(1) // another kind of frame
 			d.handler.Deliver(done)
 		}
 		var pkt *Packet
@@ -113,6 +118,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	// A session still open at the end of the poll goes up now, as mlx5
 	// flushes its SHAMPO skb at the end of each NAPI poll.
 	if done := d.shampoFlush(); done != nil {
+		d.shampo.flushPoll.Add(1)
 		d.handler.Deliver(done)
 	}
 	cons += n
