@@ -109,7 +109,7 @@ type Stats struct {
 
 	iperf3HellosRejected, iperf3IdleTimeouts, iperf3ConnsDropped atomic.Uint64
 
-	sockperfMessages, sockperfReplies, sockperfWarmups atomic.Uint64
+	sockperfMessages, sockperfReplies, sockperfWarmups            atomic.Uint64
 	sockperfBadConns, sockperfBadDatagrams, sockperfUDPSendErrors atomic.Uint64
 }
 
