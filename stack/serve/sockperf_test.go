@@ -509,3 +509,36 @@ func FuzzSockperfStream(f *testing.F) {
 		}
 	})
 }
+
+// spDiscard takes replies and drops them.
+type spDiscard struct{ n int }
+
+func (w *spDiscard) Write(b []byte) (int, error)    { w.n += len(b); return len(b), nil }
+func (*spDiscard) SetWriteDeadline(time.Time) error { return nil }
+
+// TestSockperfFramingAllocs pins the server's per-message work (framing,
+// the reply rule, the reply's write) at zero heap allocations.
+func TestSockperfFramingAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || testutil.RaceEnabled {
+		t.Skip("allocation counts need a build without -race and coverage")
+	}
+	srv := &SockperfServer{st: new(Stats)}
+	var stream []byte
+	for i := range 8 {
+		stream = append(stream, spMsg(uint64(i), spPing, 64, 0)...)
+		stream = append(stream, spMsg(uint64(i), spOneWay, 1400, 0)...)
+	}
+	buf := new([sockperfBufSize]byte)
+	w := new(spDiscard)
+	if a := testing.AllocsPerRun(500, func() {
+		n := copy(buf[:], stream)
+		if start, bad, err := srv.tcpMessages(w, buf[:n], time.Minute); start != n || bad || err != nil {
+			t.Fatalf("tcpMessages: got (%d, %v, %v), want (%d, false, nil)", start, bad, err, n)
+		}
+	}); a != 0 {
+		t.Errorf("tcpMessages: got %v allocations a run, want 0", a)
+	}
+	if w.n == 0 {
+		t.Fatal("no replies written")
+	}
+}
