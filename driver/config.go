@@ -176,6 +176,13 @@ type Config struct {
 	// LRO hands GSO super-frames up whole instead of cutting them into the
 	// frames the wire would have carried.
 	LRO bool
+	// RxUSO hands UDP GSO super-frames (VIRTIO_NET_HDR_GSO_UDP_L4) up
+	// whole, as one packet with its segment size, as virtio-net does with
+	// VIRTIO_NET_F_GUEST_USO4/6 (virtio_net_hdr_to_skb: SKB_GSO_UDP_L4), so
+	// that a UDP_GRO socket takes the whole train and any other socket gets
+	// it split (udp_rcv_segment). Off: cut into the datagrams the wire
+	// would have carried, as a NIC receives them (mlx5 has no UDP LRO).
+	RxUSO bool
 	// HDS is the header copy size: HDSAuto (minimal headers, seed 000) or a
 	// fixed byte count (256 is the old mlx5 behaviour).
 	HDS int
@@ -355,8 +362,13 @@ func (c Config) RQDepth() (wqes, wqeBytes int) {
 }
 
 // maxFrame is the largest frame the RX queue accepts.
+// WholeSuperFrames reports whether some super-frames go up whole (LRO, or
+// RxUSO for UDP), so that frames of up to 64 KB reach the RQ: mlx5's
+// packet_merge, which also rules out the linear RQ.
+func (c *Config) WholeSuperFrames() bool { return c.LRO || c.RxUSO }
+
 func (c *Config) maxFrame() int {
-	if c.LRO {
+	if c.WholeSuperFrames() {
 		return maxLROFrame
 	}
 	return c.MTU + 14 + 4
@@ -446,7 +458,7 @@ func (c Config) LinearStride() int {
 	if c.Pool != nil {
 		page = c.Pool.PageSize()
 	}
-	return LinearStride(mtu, page, wqe, c.LRO, c.HWGRO)
+	return LinearStride(mtu, page, wqe, c.WholeSuperFrames(), c.HWGRO)
 }
 
 // RXPath names the way the driver builds packets with c's settings, as

@@ -119,9 +119,10 @@ func (n *nicState) init(d *Driver) {
 	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
 	n.wqe.pages = make([]*bufpool.Page, 0, maxPages)
 	n.wqe.start = make([]int, 0, maxPages)
-	// Direct reads serve LRO's super-frames, placed whole into a striding
-	// WQE; hardware GRO and the wire tap want every frame in rbuf.
-	if vr, ok := d.wire.(VecReader); ok && !d.cfg.BounceRead && d.cfg.LRO && d.cfg.HWGRO == HWGROOff && !n.oneFrame && d.cfg.WireTap == nil {
+	// Direct reads serve the super-frames placed whole into a striding
+	// WQE (LRO's, RxUSO's); hardware GRO and the wire tap want every frame
+	// in rbuf.
+	if vr, ok := d.wire.(VecReader); ok && !d.cfg.BounceRead && d.cfg.WholeSuperFrames() && d.cfg.HWGRO == HWGROOff && !n.oneFrame && d.cfg.WireTap == nil {
 		n.vr = vr
 		n.iov = make([][]byte, 0, maxReadIov)
 	}
@@ -219,7 +220,15 @@ func (n *nicState) directOK(b []byte, inRing int) bool {
 		return false
 	}
 	gt := h.GSOType &^ VirtioNetHdrGSOECN
-	if gt != VirtioNetHdrGSOTCPv4 && gt != VirtioNetHdrGSOTCPv6 || h.GSOSize == 0 || h.Flags&VirtioNetHdrFNeedsCsum == 0 {
+	l4 := L4TCP // what receiveGSO places whole: LRO's TCP, RxUSO's UDP
+	switch {
+	case (gt == VirtioNetHdrGSOTCPv4 || gt == VirtioNetHdrGSOTCPv6) && n.d.cfg.LRO:
+	case gt == VirtioNetHdrGSOUDPL4 && n.d.cfg.RxUSO:
+		l4 = L4UDP
+	default:
+		return false
+	}
+	if h.GSOSize == 0 || h.Flags&VirtioNetHdrFNeedsCsum == 0 {
 		return false
 	}
 	frame := b[VirtioNetHdrLen:]
@@ -227,7 +236,7 @@ func (n *nicState) directOK(b []byte, inRing int) bool {
 		return false
 	}
 	fi := &n.fi
-	if ParseFrame(frame, fi) != DropNone || fi.VLAN || fi.L4 != L4TCP || fi.HeaderLen() > directHead {
+	if ParseFrame(frame, fi) != DropNone || fi.VLAN || fi.L4 != l4 || fi.HeaderLen() > directHead {
 		return false
 	}
 	if len(n.tunLocal) > 0 {
@@ -314,7 +323,7 @@ func (n *nicState) receive(b []byte, inRing int) {
 }
 
 // receiveGSO handles a super-frame: whole with LRO (TCP only, as hardware
-// LRO), else cut into the frames the wire would have carried. m is the
+// LRO) or RxUSO (UDP), else cut into the frames the wire would have carried. m is the
 // super-frame's layout, outer tunnel header and bytes in the WQE (receive).
 func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 	st := &n.d.stats
@@ -340,8 +349,20 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 		}
 		return
 	}
+	if n.d.cfg.RxUSO && fi.L4 == L4UDP && gt == VirtioNetHdrGSOUDPL4 && h.GSOSize > 0 {
+		if len(frame) > n.maxFrame {
+			n.dropped(DropTooBig)
+			return
+		}
+		m.csum, m.gsoSize = CsumPartial, h.GSOSize
+		if n.place(frame, nil, m) {
+			st.USOFrames.Add(1)
+			st.USOBytes.Add(uint64(len(frame)))
+		}
+		return
+	}
 	// A direct read leaves no bytes in the WQE here: directOK takes only
-	// super-frames that LRO places whole.
+	// super-frames that LRO or RxUSO places whole.
 	n.segs.fi = fi
 	segs, drop := n.seg.Segment(h, frame, fi, &n.segs)
 	if drop != DropNone {

@@ -238,6 +238,11 @@ func (d *Driver) build(cqe *CQE) *Packet {
 		binary.BigEndian.PutUint16(lin[l2-2:], cqe.Info.EtherType)
 	}
 	pkt.Linear = lin
+	if cqe.GSOSize > 0 && cqe.Info.L4 == L4UDP && pkt.Len > pkt.HdrLen {
+		// A UDP super-frame (Config.RxUSO) counts its datagrams, as
+		// dev_gro_receive takes gso_segs for NAPI_GRO_CB(skb)->count.
+		pkt.Segs = uint16((pkt.Len - pkt.HdrLen + int(cqe.GSOSize) - 1) / int(cqe.GSOSize))
+	}
 	return pkt
 }
 

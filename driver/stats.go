@@ -15,6 +15,8 @@ type Stats struct {
 	GSOSegs      atomic.Uint64 // rx_gso_segs: frames cut from them (LRO off)
 	LROFrames    atomic.Uint64 // rx_lro_packets: super-frames handed up whole (LRO on)
 	LROBytes     atomic.Uint64 // rx_lro_bytes
+	USOFrames    atomic.Uint64 // rx_uso_packets: UDP super-frames handed up whole (RxUSO)
+	USOBytes     atomic.Uint64 // rx_uso_bytes
 	CsumPartial  atomic.Uint64 // rx_csum_partial: frames trusted by NEEDS_CSUM
 	CsumUnneeded atomic.Uint64 // rx_csum_unnecessary: frames trusted by DATA_VALID
 	CsumComplete atomic.Uint64 // rx_csum_complete: frames whose checksums the NIC model verified
@@ -59,6 +61,8 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_gso_segs", s.GSOSegs.Load())
 	fn("rx_lro_packets", s.LROFrames.Load())
 	fn("rx_lro_bytes", s.LROBytes.Load())
+	fn("rx_uso_packets", s.USOFrames.Load())
+	fn("rx_uso_bytes", s.USOBytes.Load())
 	fn("rx_packets", s.Packets.Load())
 	fn("rx_bytes", s.Bytes.Load())
 	fn("rx_napi_polls", s.Polls.Load())

@@ -348,7 +348,7 @@ func ringPages(dc *driver.Config, pc *bufpool.Config) int {
 	if dc.MTU == 0 {
 		frame = driver.DefaultMTU + 18
 	}
-	if dc.LRO {
+	if dc.WholeSuperFrames() {
 		frame = 65535 + 18
 	}
 	entries := dc.RingSize
@@ -562,14 +562,20 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		}
 	}
 	st := s.ip.Stats()
+	// The link endpoint's own checksum drops (csum.go); a stack on another
+	// endpoint (NewWithEndpoint) has none.
+	var csumIP, csumTCP, csumUDP uint64
+	if s.ep != nil {
+		csumIP, csumTCP, csumUDP = s.ep.csum.ip.Load(), s.ep.csum.tcp.Load(), s.ep.csum.udp.Load()
+	}
 	fn("ip_packets_received", st.IP.PacketsReceived.Value())
 	fn("ip_malformed", st.IP.MalformedPacketsReceived.Value())
-	fn("ip_checksum_errors", s.ep.csum.ip.Load())
+	fn("ip_checksum_errors", csumIP)
 	fn("ip_invalid_dst", st.IP.InvalidDestinationAddressesReceived.Value())
 	fn("tcp_segments_received", st.TCP.ValidSegmentsReceived.Value())
 	fn("tcp_segments_sent", st.TCP.SegmentsSent.Value())
 	fn("tcp_retransmits", st.TCP.Retransmits.Value())
-	fn("tcp_checksum_errors", st.TCP.ChecksumErrors.Value()+s.ep.csum.tcp.Load())
+	fn("tcp_checksum_errors", st.TCP.ChecksumErrors.Value()+csumTCP)
 	fn("tcp_invalid_segments", st.TCP.InvalidSegmentsReceived.Value())
 	fn("tcp_established", st.TCP.CurrentEstablished.Value())
 	fn("tcp_rcv_queued_bytes_current", s.tcpRcvQueued())
@@ -578,7 +584,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("udp_packets_received", st.UDP.PacketsReceived.Value())
 	fn("udp_receive_buffer_errors", st.UDP.ReceiveBufferErrors.Value())
 	fn("udp_unknown_port", st.UDP.UnknownPortErrors.Value())
-	fn("udp_checksum_errors", st.UDP.ChecksumErrors.Value()+s.ep.csum.udp.Load())
+	fn("udp_checksum_errors", st.UDP.ChecksumErrors.Value()+csumUDP)
 	fn("icmp_echo_requests", st.ICMP.V4.PacketsReceived.EchoRequest.Value()+st.ICMP.V6.PacketsReceived.EchoRequest.Value())
 	fn("arp_requests_received", st.ARP.RequestsReceived.Value())
 	fn("ndp_neighbor_solicits", st.ICMP.V6.PacketsReceived.NeighborSolicit.Value())

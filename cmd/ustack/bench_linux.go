@@ -31,6 +31,7 @@ func benchCmd(args []string) error {
 		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
+		rr      = fs.Bool("rr", false, "measure TCP request/response latency (issue 18): ustack's echo against the kernel's TCP over a veth, 64 B, one connection")
 		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole run (every row) to this file")
 		client  = fs.String("client", bench.ClientBuiltin, "TCP sender: builtin (ustack send, a kernel socket of ours) or iperf3 (the iperf3 client against ustack's iperf3 server)")
 	)
@@ -86,6 +87,9 @@ func benchCmd(args []string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	if *rr {
+		return bench.RR(bed, exe, rrRows(*mtu), 64, *dur, *rounds)
 	}
 	if *cpump {
 		return bench.CPUMap(bed, exe, cpumapPaths(*mtu), *dur, *rounds)

@@ -76,6 +76,12 @@ func cpumapPaths(mtu int) []bench.Row {
 	return rows
 }
 
+// rrRows are `ustack bench -rr`'s ustack rows: the defaults (bench.RR adds
+// the kernel's row).
+func rrRows(mtu int) []bench.Row {
+	return []bench.Row{row("ustack defaults", basePolicy(mtu))}
+}
+
 // row is a bench row measuring ustack with policy p.
 func row(name string, p policy) bench.Row {
 	return bench.Row{Name: name, Policy: benchPolicy{p}, MTU: p.cfg.Driver.MTU}

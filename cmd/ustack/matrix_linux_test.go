@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -102,7 +104,50 @@ func TestMatrixRun(t *testing.T) {
 		t.Errorf("no table:\n%s", out)
 	}
 	ns, _ := exec.Command("ip", "netns", "list").Output()
-	if strings.Contains(string(ns), "ustack-matrix") {
+	if strings.Contains(string(ns), fmt.Sprintf("ustack-matrix-%d-", cmd.Process.Pid)) {
+		t.Errorf("namespaces left: %s", ns)
+	}
+}
+
+// TestBenchRR runs `ustack bench -rr` for one short round: a table with
+// ustack's row and the kernel's, transactions and latencies in each, and
+// no namespace left.
+func TestBenchRR(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
+	}
+	bin := filepath.Join(t.TempDir(), "ustack")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Skipf("cannot build ustack (%v): %s", err, out)
+	}
+	cmd := exec.Command(bin, "bench", "-rr", "-t", "300ms", "-rounds", "1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	rows := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 8 || !(strings.HasPrefix(strings.TrimSpace(l), "ustack defaults") || strings.HasPrefix(strings.TrimSpace(l), "kernel over veth")) {
+			continue
+		}
+		rows++
+		// name, ktrans/s, (min-max), p50, p99, (min-max), CPU, ratio
+		n := len(f)
+		tps, err1 := strconv.ParseFloat(f[n-7], 64)
+		p50, err2 := strconv.ParseFloat(f[n-5], 64)
+		p99, err3 := strconv.ParseFloat(f[n-4], 64)
+		if err1 != nil || err2 != nil || err3 != nil || tps <= 0 || p50 <= 0 || p99 < p50 {
+			t.Errorf("row %q: want transactions and p50 <= p99", l)
+		}
+	}
+	if rows != 2 {
+		t.Errorf("%d rows, want ustack's and the kernel's:\n%s", rows, out)
+	}
+	// Namespaces are named prefix-PID-N: look only for this run's.
+	ns, _ := exec.Command("ip", "netns", "list").Output()
+	pid := fmt.Sprintf("-%d-", cmd.Process.Pid)
+	if strings.Contains(string(ns), "ustack-rr-rx"+pid) || strings.Contains(string(ns), "ustack-bench"+pid) {
 		t.Errorf("namespaces left: %s", ns)
 	}
 }

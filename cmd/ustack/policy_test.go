@@ -36,6 +36,7 @@ var policyExamples = map[string][]string{
 	"page-order":        {"2"},
 	"page-size":         {"64k", "4k"},
 	"pool-recycle":      {"off", "on"},
+	"rx-uso":            {"on", "off"},
 	"pool-poison":       {"true", "false"},
 	"pool-mem":          {"67108864"},
 	"pool-ring":         {"512"},

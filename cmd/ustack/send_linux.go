@@ -158,7 +158,8 @@ func max1(n int) int {
 }
 
 // sendRR runs request/response transactions of size bytes on one TCP
-// connection for dur, as neper's TCP_RR does, and counts them.
+// connection for dur, as neper's TCP_RR does, and counts them with their
+// latencies (median and 99th percentile in the result).
 func sendRR(addr string, dur time.Duration, size int) error {
 	if size < 1 || size > 65536 {
 		return usageError{errors.New("want 1 <= -size <= 65536")}
@@ -175,14 +176,18 @@ func sendRR(addr string, dur time.Duration, size int) error {
 	deadline := start.Add(dur)
 	c.SetDeadline(deadline.Add(5 * time.Second))
 	var n int64
-	for time.Now().Before(deadline) {
+	lat := new(bench.LatencyHist)
+	for t0 := start; t0.Before(deadline); n++ {
 		if _, err := c.Write(req); err != nil {
 			return err
 		}
 		if _, err := io.ReadFull(c, resp); err != nil {
 			return err
 		}
-		n++
+		t1 := time.Now()
+		lat.Add(t1.Sub(t0))
+		t0 = t1
 	}
-	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds()})
+	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds(),
+		P50Us: lat.Quantile(0.5), P99Us: lat.Quantile(0.99)})
 }

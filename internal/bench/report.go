@@ -263,9 +263,11 @@ type comparison struct {
 }
 
 // compare compares B against A. A change is significant when its size is
-// at least threshold percent of A and the difference of the medians is
-// larger than the spread (max - min) of either side's runs: a change the
-// runs' own noise could explain is not counted.
+// at least threshold percent of A and either the difference of the medians
+// is larger than the spread (max - min) of either side's runs, or the two
+// sides' runs do not overlap at all (every B run beyond every A run: a
+// side whose runs spread widely, as UDP's do, can still have moved): a
+// change the runs' own noise could explain is not counted.
 func compare(a, b sideStats, threshold float64) comparison {
 	c := comparison{A: a, B: b}
 	if a.N == 0 || b.N == 0 || a.Med <= 0 {
@@ -273,7 +275,8 @@ func compare(a, b sideStats, threshold float64) comparison {
 	}
 	c.Pct = (b.Med - a.Med) / a.Med * 100
 	spread := math.Max(a.Hi-a.Lo, b.Hi-b.Lo)
-	c.Significant = math.Abs(c.Pct) >= threshold && math.Abs(b.Med-a.Med) > spread
+	disjoint := b.Lo > a.Hi || b.Hi < a.Lo
+	c.Significant = math.Abs(c.Pct) >= threshold && (math.Abs(b.Med-a.Med) > spread || disjoint)
 	return c
 }
 

@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/stack/serve"
+)
+
+// The kernel echo's veth link for RR: the client's end in the bed's
+// namespace, the server's in a namespace of its own.
+var (
+	rrVethClient = netip.MustParsePrefix("10.79.0.1/24")
+	rrVethServer = netip.MustParsePrefix("10.79.0.2/24")
+)
+
+const rrPort = 7007
+
+// rrSample is one RR run: transactions per second, the client's latency
+// percentiles, and this process's CPU per transaction (ustack's whole
+// stack for a ustack row; for the kernel row only the echo goroutine's
+// syscalls, the kernel's receive being counted in softirq time).
+type rrSample struct {
+	tps, p50, p99, cpuUs float64
+}
+
+// RR is `ustack bench -rr`: TCP request/response of size bytes on one
+// connection with TCP_NODELAY (neper's TCP_RR), `exe send -mode rr` in the
+// TAP's namespace as the client, against ustack's echo server for each row
+// and against the kernel's TCP over a veth pair (the same Go echo on a
+// kernel socket in a namespace of its own), rows interleaved, rounds
+// times. It prints transactions/s, median and p99 latency, CPU per
+// transaction and the ratio to the kernel.
+func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration, rounds int) error {
+	rx, err := testbed.NewNetns("ustack-rr-rx")
+	if err != nil {
+		return err
+	}
+	defer rx.Close()
+	stopSig := testbed.CleanupOnSignal(rx)
+	defer stopSig()
+	if err := testbed.NewVethPair(bed.NS, rx, "urr0", "urr1", rows[0].MTU); err != nil {
+		return err
+	}
+	if err := bed.NS.IP("addr", "add", rrVethClient.String(), "dev", "urr0"); err != nil {
+		return err
+	}
+	if err := rx.IP("addr", "add", rrVethServer.String(), "dev", "urr1"); err != nil {
+		return err
+	}
+	fmt.Printf("ustack bench -rr: TCP_RR %d B, one connection, TCP_NODELAY; client `ustack send -mode rr` in netns %s -> TAP -> ustack's echo, and -> veth -> the kernel's TCP in netns %s with the same Go echo; %v per run, %d rounds interleaved\n",
+		size, bed.NS.Name, rx.Name, dur, rounds)
+	names := []string{}
+	for _, r := range rows {
+		names = append(names, r.Name)
+	}
+	names = append(names, "kernel over veth")
+	samples := make([][]rrSample, len(names))
+	for r := 0; r < rounds; r++ {
+		for i, name := range names {
+			fmt.Fprintf(os.Stderr, "round %d/%d: %s ...\n", r+1, rounds, name)
+			var s rrSample
+			var err error
+			if i < len(rows) {
+				s, err = rrUstack(bed, exe, rows[i], size, dur)
+			} else {
+				s, err = rrKernel(bed, rx, exe, size, dur)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			samples[i] = append(samples[i], s)
+		}
+	}
+	return printRR(os.Stdout, names, samples)
+}
+
+// printRR prints RR's table: medians of the rounds with the min-max
+// spread; the last row is the kernel's, which the ratios are against.
+func printRR(w io.Writer, names []string, samples [][]rrSample) error {
+	col := func(ss []rrSample, f func(rrSample) float64) []float64 {
+		var xs []float64
+		for _, s := range ss {
+			xs = append(xs, f(s))
+		}
+		return xs
+	}
+	ktps, _, _ := Median(col(samples[len(samples)-1], func(s rrSample) float64 { return s.tps }))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "row\tktrans/s (min-max)\tp50 us\tp99 us (min-max)\tCPU us/trans\tx kernel\t")
+	for i, name := range names {
+		tps, tlo, thi := Median(col(samples[i], func(s rrSample) float64 { return s.tps }))
+		p50, _, _ := Median(col(samples[i], func(s rrSample) float64 { return s.p50 }))
+		p99, plo, phi := Median(col(samples[i], func(s rrSample) float64 { return s.p99 }))
+		cpu, _, _ := Median(col(samples[i], func(s rrSample) float64 { return s.cpuUs }))
+		ratio := "-"
+		if ktps > 0 {
+			ratio = fmt.Sprintf("%.2f", tps/ktps)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.0f\t%.0f (%.0f-%.0f)\t%.1f\t%s\t\n", name, tps/1e3, tlo/1e3, thi/1e3, p50, p99, plo, phi, cpu, ratio)
+	}
+	return tw.Flush()
+}
+
+// rrUstack measures one ustack row: its echo server on the TAP.
+func rrUstack(bed *testbed.TAPBed, exe string, row Row, size int, dur time.Duration) (rrSample, error) {
+	st, err := openTarget(bed, row)
+	if err != nil {
+		return rrSample{}, err
+	}
+	defer st.Close()
+	ap := netip.AddrPortFrom(bed.StackAddr4.Addr(), rrPort)
+	l, err := st.ListenTCP(ap)
+	if err != nil {
+		return rrSample{}, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); serve.Echo(l) }()
+	defer func() { l.Close(); <-done }()
+	return rrClient(bed.NS, exe, ap, size, dur)
+}
+
+// rrKernel measures the kernel's TCP: the same Go echo on a kernel socket
+// in rx, reached over the veth pair.
+func rrKernel(bed *testbed.TAPBed, rx *testbed.Netns, exe string, size int, dur time.Duration) (rrSample, error) {
+	ap := netip.AddrPortFrom(rrVethServer.Addr(), rrPort)
+	l, err := rx.ListenTCP(ap)
+	if err != nil {
+		return rrSample{}, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); serve.Echo(l) }()
+	defer func() { l.Close(); <-done }()
+	return rrClient(bed.NS, exe, ap, size, dur)
+}
+
+// rrClient runs the client against ap and reads its result, with this
+// process's CPU over the run.
+func rrClient(ns *testbed.Netns, exe string, ap netip.AddrPort, size int, dur time.Duration) (rrSample, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), dur+30*time.Second)
+	defer cancel()
+	cmd := ns.Exec(ctx, exe, "send", "-mode", "rr", "-size", fmt.Sprint(size), "-addr", ap.String(), "-t", dur.String())
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cpu0 := rusage()
+	if err := cmd.Run(); err != nil {
+		return rrSample{}, fmt.Errorf("client: %v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	cpu := rusage() - cpu0
+	var res SendResult
+	if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
+		return rrSample{}, fmt.Errorf("client output %q: %v", out.String(), err)
+	}
+	if res.Transactions == 0 || res.Seconds <= 0 {
+		return rrSample{}, fmt.Errorf("client made no transaction: %q", out.String())
+	}
+	return rrSample{tps: float64(res.Transactions) / res.Seconds, p50: res.P50Us, p99: res.P99Us,
+		cpuUs: float64(cpu.Microseconds()) / float64(res.Transactions)}, nil
+}
