@@ -34,6 +34,12 @@
 //     the ring was full, waived after an order change, drained by Close,
 //     never recycled (NoRecycle, or a page retired with DecRef).
 //
+// The quarantine ring above serves the striding RQ (mlx5's page_pool). The
+// cyclic RQ, mlx4's kind of ring, places its frames with RXFrags instead,
+// as mlx4 did before and after seed 001's patch: pages from GetUnit
+// (high-order allocations split into order-0 units) in a pool array with a
+// quarantine half, or one order-0 page per RX slot with NoRecycle.
+//
 // Lending: a page whose memory was handed to a holder the pool cannot count
 // (gVisor's views, which keep reference counts of their own) is marked with
 // Lend. Get reuses a lent page only when Config.Memory says nobody else
@@ -193,6 +199,14 @@ type Config struct {
 //   - rx_pp_lent_current (LentPages): pages lent now, in the ring or out
 //     (a gauge): the memory the pool's borrowers may pin. Not in the
 //     kernel.
+//   - rx_alloc_pages (AllocPages): order-0 pages GetUnit allocated, each
+//     unit of a split high-order allocation counted. Kernel: mlx4's
+//     ring->rx_alloc_pages (ethtool -S rx_alloc_pages).
+//   - rx_cache_reuse (CacheReuse): pages RXFrags wrote again because
+//     their count was back to one. Kernel: mlx5's rx_cache_reuse; mlx4
+//     keeps no count of it.
+//   - rx_cache_busy (CacheBusy): pages RXFrags found still held and
+//     replaced with a new one. Kernel: mlx5's rx_cache_busy.
 //
 // Allocated equals InUse; it stays for callers that read it. PageBytes is the
 // size of the pages Get allocates at the current order.
@@ -222,6 +236,9 @@ type Stats struct {
 	RingReleaseHeld    uint64
 	RingParkHeld       uint64
 	LentPages          int64
+	AllocPages         uint64
+	CacheReuse         uint64
+	CacheBusy          uint64
 }
 
 // Each calls fn for every counter, named as above, in the documented order.
@@ -248,6 +265,9 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_ring_release_held", s.RingReleaseHeld)
 	fn("rx_pp_ring_park_held", s.RingParkHeld)
 	fn("rx_pp_lent_current", uint64(s.LentPages))
+	fn("rx_alloc_pages", s.AllocPages)
+	fn("rx_cache_reuse", s.CacheReuse)
+	fn("rx_cache_busy", s.CacheBusy)
 }
 
 // cacheLine separates fields written by different goroutines; 128 covers
@@ -275,9 +295,13 @@ type Pool struct {
 	// compact; each holds the pool's reference. Get looks at a few per
 	// call, in turn (parkNext), and hands one out once it is free. Its capacity
 	// is the ring's.
-	parked      []*Page
-	parkNext    int
-	clogged     int       // Gets in a row that found the ring's head held, up to stuckGets
+	parked   []*Page
+	parkNext int
+	clogged  int // Gets in a row that found the ring's head held, up to stuckGets
+	// units are the order-0 units of the last high-order allocation that
+	// GetUnit has not handed out yet (mlx4's ring->pre_allocated), each
+	// holding a count of one, the pool's.
+	units       []*Page
 	lastRecover time.Time // last order change (fallback or recovery)
 
 	order atomic.Int32 // current allocation order; written by the owner
@@ -287,6 +311,7 @@ type Pool struct {
 	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
 	cached, ringFull, fallbacks, recoveries    atomic.Uint64
 	lentBusy, skipHeld, releaseHeld, parkHeld  atomic.Uint64
+	allocPages, cacheReuse, cacheBusy          atomic.Uint64 // GetUnit's and RXFrags'
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
@@ -690,6 +715,60 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 	return pg, nil
 }
 
+// GetUnit returns an order-0 page (PageSize bytes) holding one reference,
+// the caller's, or ErrExhausted, as mlx4_alloc_page does since seed 001:
+// the next unit of the last high-order allocation, else a new allocation
+// at the current order (Config.Order, lowered after a failure and raised
+// one step per RecoverInterval, mlx4_en_recover_from_oom) split into
+// order-0 units each with a count of its own (split_page), so that a frag
+// pins its unit, not the whole allocation. Each unit is a page of its own
+// to the counters (rx_alloc_pages). With a Config.Memory every unit is
+// allocated alone, at order 0: a Memory's allocations are not split. The
+// Go heap keeps a split allocation's memory until its last unit is
+// unreachable. Only the pool's owner may call GetUnit. It does not
+// allocate when a unit is left.
+func (p *Pool) GetUnit() (*Page, error) {
+	if n := len(p.units); n > 0 {
+		pg := p.units[n-1]
+		p.units[n-1] = nil
+		p.units = p.units[:n-1]
+		return pg, nil
+	}
+	order := p.order.Load()
+	if order < p.maxOrder {
+		order = p.raiseOrder(order)
+	}
+	if p.mem != nil {
+		order = 0
+	}
+	pg, err := p.alloc(order)
+	if err != nil {
+		return nil, err
+	}
+	n := len(pg.buf) / p.base
+	p.allocPages.Add(uint64(n))
+	if n == 1 {
+		return pg, nil
+	}
+	// split_page: n order-0 units, each with its own count (one, as
+	// alloc left pg's); pg becomes the first, handed out now.
+	buf := pg.buf
+	units := make([]Page, n-1)
+	if cap(p.units) < n-1 {
+		p.units = make([]*Page, 0, n-1)
+	}
+	for i := n - 1; i >= 1; i-- {
+		u := &units[i-1]
+		u.buf = buf[i*p.base : (i+1)*p.base : (i+1)*p.base]
+		u.pool, u.poison = p, p.poison
+		u.state.Store(1)
+		p.units = append(p.units, u)
+	}
+	pg.buf = buf[:p.base:p.base]
+	p.inUse.Add(int64(n - 1))
+	return pg, nil
+}
+
 // Recycle takes the caller's reference on pg, which must be its last use of
 // the page: the owner retiring a page calls it instead of DecRef. The pool
 // keeps the reference and quarantines the page until its other references
@@ -750,6 +829,11 @@ func (p *Pool) Close() {
 		pg.DecRef()
 	}
 	p.parked = p.parked[:0]
+	for i, pg := range p.units {
+		p.units[i] = nil
+		pg.DecRef()
+	}
+	p.units = p.units[:0]
 }
 
 // Stats returns a snapshot of the pool's counters, from any goroutine. The
@@ -787,6 +871,9 @@ func (p *Pool) Stats() Stats {
 		RingReleaseHeld:    p.releaseHeld.Load(),
 		RingParkHeld:       p.parkHeld.Load(),
 		LentPages:          p.lentOut.Load(),
+		AllocPages:         p.allocPages.Load(),
+		CacheReuse:         p.cacheReuse.Load(),
+		CacheBusy:          p.cacheBusy.Load(),
 	}
 }
 

@@ -685,7 +685,7 @@ func TestStatsEach(t *testing.T) {
 		AllocWaive: 6, RecycleCached: 7, RecycleCacheFull: 8, RecycleRing: 9, RecycleRingFull: 10,
 		RecycleReleasedRef: 11, OrderFallbacks: 12, OrderRecoveries: 13, AllocOrder: 14,
 		InUse: 15, BytesHeld: 16, Lent: 17, LentBusy: 18, RingSkipHeld: 19, RingReleaseHeld: 20,
-		RingParkHeld: 21, LentPages: 22, Allocated: 99, Recycled: 99, PageBytes: 99,
+		RingParkHeld: 21, LentPages: 22, AllocPages: 23, CacheReuse: 24, CacheBusy: 25, Allocated: 99, Recycled: 99, PageBytes: 99,
 	}
 	want := []string{
 		"rx_pp_alloc_fast", "rx_pp_alloc_slow", "rx_pp_alloc_slow_high_order", "rx_pp_alloc_empty",
@@ -694,6 +694,7 @@ func TestStatsEach(t *testing.T) {
 		"rx_pp_order_fallbacks", "rx_pp_order_recoveries", "rx_pp_alloc_order",
 		"rx_pp_pages_in_use", "rx_pp_bytes_held", "rx_pp_lent", "rx_pp_lent_busy",
 		"rx_pp_ring_skip_held", "rx_pp_ring_release_held", "rx_pp_ring_park_held", "rx_pp_lent_current",
+		"rx_alloc_pages", "rx_cache_reuse", "rx_cache_busy",
 	}
 	var got []string
 	st.Each(func(name string, v uint64) {

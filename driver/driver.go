@@ -192,6 +192,7 @@ func (d *Driver) Close() error {
 			close(d.nicDone)          // for Done: the NIC will never read
 			d.nic.retire()
 			d.nic.closeSession()
+			d.nic.closeCyclic()
 			d.pool.Close()
 			return
 		}
@@ -200,6 +201,7 @@ func (d *Driver) Close() error {
 		<-d.pollDone
 		d.nic.retire()
 		d.nic.closeSession()
+		d.nic.closeCyclic()
 		// Drop the pool's hold on the pages in its quarantine; pages of
 		// packets still held elsewhere go when those are released.
 		d.pool.Close()

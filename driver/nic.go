@@ -21,6 +21,10 @@ type nicState struct {
 	wqeBytes int // bytes a WQE spans (a striding MPWQE, or one frame's buffer)
 	oneFrame bool
 	linear   int // the linear RQ's stride (Config.LinearStride), 0 for the nonlinear one
+	// cyc places the cyclic RQ's frames as mlx4 does (cyclic.go), nil
+	// for the other RQs; slotCost is what each of its frames is charged.
+	cyc      *bufpool.RXFrags
+	slotCost uint64
 
 	// The WQE being filled: its pages (one reference each, the NIC's; their
 	// sizes may differ when the pool's allocation order changes), the byte
@@ -114,6 +118,7 @@ func (n *nicState) init(d *Driver) {
 	// or a 64 KB one), and the NIC charges whole pages (retire).
 	wqes, wqeBytes := d.cfg.RQDepth()
 	n.rqBytes = uint64(wqes) * uint64(pageRound(wqeBytes, d.pool.PageBytes()))
+	n.initCyclic(wqes, n.rqBytes/uint64(wqes))
 	n.ends = make([]uint64, 2*len(d.cq))
 	n.endMask = uint32(len(n.ends) - 1)
 	maxPages := n.wqeBytes/bufpool.PageSize4K + 2
@@ -463,6 +468,9 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 		}
 	} else if n.sess.open {
 		n.closeSession() // another kind of frame ends the session
+	}
+	if n.cyc != nil {
+		return n.placeCyclic(a, b, m)
 	}
 	size := len(a) + len(b)
 	// The linear RQ (mlx5e_rx_mpwqe_is_linear_skb) gives every frame one

@@ -27,7 +27,7 @@ func benchCmd(args []string) error {
 		wsize   = fs.Int("w", 64<<10, "sender write size")
 		mtu     = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
 		stock   = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
-		pool    = fs.Bool("pool", false, "measure page recycling (seed 001): recycle off/on at 4k/64k pages, LRO off")
+		pool    = fs.Bool("pool", false, "measure page recycling (seed 001) on the cyclic RQ (mlx4's ring): recycle off (an order-0 page per RX slot, as mlx4 before the patch) and on (frames packed into pages, a quarantine half, high-order allocations split into order-0 units) at 4k/64k pages, LRO off")
 		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
@@ -130,6 +130,7 @@ func benchCmd(args []string) error {
 		}
 	}
 	if *pool {
+		fmt.Println("seed 001 on the cyclic RQ (mlx4's kind of ring; mlx5's striding RQ is not measured here): recycle off = mlx4 before the patch, on = the patch")
 		bench.PrintPool(os.Stdout, rows, results)
 		return nil
 	}

@@ -25,13 +25,21 @@ func defaultRows(mtu int) []bench.Row {
 	return rows
 }
 
-// poolRows are `ustack bench -pool`: seed 001's comparison, page recycling
-// off and on at 4 KB and 64 KB pages, LRO off and GRO on.
+// poolRows are `ustack bench -pool`: seed 001's comparison on the cyclic
+// RQ (mlx4's kind of ring), page recycling off (mlx4 before the patch: an
+// order-0 page per RX slot) and on (the patch: frames packed at the frag
+// stride, a quarantine half, allocations at order 3 split into order-0
+// units) at 4 KB and 64 KB pages, LRO off and GRO on. Order 3 is
+// PAGE_ALLOC_COSTLY_ORDER, mlx4's MLX4_EN_ALLOC_PREFER_ORDER.
 func poolRows(mtu int) []bench.Row {
 	var rows []bench.Row
 	for _, size := range []string{"4k", "64k"} {
 		for _, recycle := range []string{"off", "on"} {
-			p := basePolicy(mtu, "lro=off", "page-size="+size, "pool-recycle="+recycle)
+			order := "0"
+			if recycle == "on" {
+				order = "3"
+			}
+			p := basePolicy(mtu, "rq=cyclic", "lro=off", "page-size="+size, "pool-recycle="+recycle, "page-order="+order)
 			rows = append(rows, row("ustack "+p.String(), p))
 		}
 	}

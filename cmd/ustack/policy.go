@@ -105,7 +105,7 @@ var policies = []policySwitch{
 		usage: "base page size (64k: a PowerPC-style machine)",
 		bind:  func(p *policy) any { return (*pageSize)(&p.cfg.Pool.PageSize) }},
 	{name: "pool-recycle", values: "on|off", def: "on", kernel: "mlx4 page recycling, page_pool",
-		usage: "recycle RX pages through the pool's quarantine ring (seed 001); off: a fresh page for every frame",
+		usage: "recycle RX pages (seed 001); cyclic RQ: on packs frames into pages with a quarantine half (the patch), off is an order-0 page per RX slot reused when free (mlx4 before it); striding RQ: on recycles through the pool's quarantine ring, off takes a fresh page for every frame",
 		bind:  func(p *policy) any { return (*offOn)(&p.cfg.Pool.NoRecycle) }},
 	{name: "pool-poison", values: "", def: "false", kernel: "CONFIG_PAGE_POISONING",
 		usage: "poison recycled pages and check them when reused (debug)",

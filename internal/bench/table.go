@@ -97,15 +97,20 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 // PrintPool prints seed 001's figures: distinct pages per GRO packet
 // and pool memory per RX ring slot, with throughput.
 func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
-	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
+	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages alloc|reused|busy per 1k pkts\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		c := m.counters
 		var hist []string
 		for _, b := range []string{"1", "2", "3_4", "5_8", "9_16", "17_32", "33_64", "65_plus"} {
 			hist = append(hist, strconv.FormatUint(c["rx_pkt_pages_"+b], 10))
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%s\t%.0f\t%.1f\t%s\t%s\t\n",
+		// rx_alloc_pages, rx_cache_reuse, rx_cache_busy per thousand
+		// frames: how often the cyclic RQ needed a page, and found the
+		// oldest one free or still held.
+		per1k := func(n uint64) string { return ratioStr(1000*n, c["rx_packets"]) }
+		pages := per1k(c["rx_alloc_pages"]) + "|" + per1k(c["rx_cache_reuse"]) + "|" + per1k(c["rx_cache_busy"])
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%s\t%.0f\t%.1f\t%s\t%s\t%s\t\n",
 			r.Name, m.gbps, m.lo, m.hi, m.rxCPUPerGB, ratioStr(c["rx_gro_pkt_pages"], c["rx_gro_pkt_paged"]),
-			m.peakHeld/float64(driver.DefaultRingSize), m.peakHeld/1e6, strings.Join(hist, "|"), m.congestion)
+			m.peakHeld/float64(driver.DefaultRingSize), m.peakHeld/1e6, pages, strings.Join(hist, "|"), m.congestion)
 	})
 }
 

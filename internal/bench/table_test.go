@@ -13,10 +13,10 @@ const tableWant = `         configuration     Gbit/s (min-max)  x stock  rx CPU 
               ustack b     8.50 (8.00-9.00)     4.25        0.650             1.150        22%            -          -          -              0             -          -   reno
   gVisor stock fdbased     2.00 (2.00-2.00)     1.00        3.000             4.000         0%            -          -          -              -             -          -  cubic
 --
-         configuration     Gbit/s (min-max)  rx CPU s/GB  pages/GRO pkt  peak pool bytes/ring slot  peak pool MB  pages 1|2|3-4|5-8|9-16|17-32|33-64|65+     cc
-              ustack a  11.00 (10.00-12.00)        0.450            3.0                       2048           2.1                         7|0|0|0|0|0|0|2    bbr
-              ustack b     8.50 (8.00-9.00)        0.650              -                       3072           3.1                         0|0|0|0|0|0|0|0   reno
-  gVisor stock fdbased     2.00 (2.00-2.00)        3.000              -                          0           0.0                         0|0|0|0|0|0|0|0  cubic
+         configuration     Gbit/s (min-max)  rx CPU s/GB  pages/GRO pkt  peak pool bytes/ring slot  peak pool MB  pages alloc|reused|busy per 1k pkts  pages 1|2|3-4|5-8|9-16|17-32|33-64|65+     cc
+              ustack a  11.00 (10.00-12.00)        0.450            3.0                       2048           2.1                          0.0|0.0|0.0                         7|0|0|0|0|0|0|2    bbr
+              ustack b     8.50 (8.00-9.00)        0.650              -                       3072           3.1                                -|-|-                         0|0|0|0|0|0|0|0   reno
+  gVisor stock fdbased     2.00 (2.00-2.00)        3.000              -                          0           0.0                                -|-|-                         0|0|0|0|0|0|0|0  cubic
 --
          configuration     Gbit/s (min-max)  rx CPU s/GB  NIC share  frames/session  frags/session  mappable share  read mapped  segs/GRO pkt     cc
               ustack a  11.00 (10.00-12.00)        0.450        32%             4.0            3.0             75%          60%          40.0    bbr
