@@ -27,7 +27,11 @@
 //   - SHAMPO (mlx5e_skb_from_cqe_shampo, hardware GRO): headers from the
 //     header buffer, payloads as frags; a session packet closes when the
 //     CQE does not match, or when mlx5e_hw_gro_skb_has_enough_space fails
-//     (PAGE_SIZE * nr_frags + the next payload > 64 KB), in both modes.
+//     (PAGE_SIZE * nr_frags + the next payload > 64 KB), in both modes, at
+//     a CQE with the flush bit (the NIC ended the session with that frame:
+//     PSH, FIN and the other flags tcp_gro_receive ends a train on), and
+//     at the end of a poll (mlx5e_poll_rx_cq). A bulk sender's TSO frames
+//     end with PSH, so a session never spans two of them.
 //     Frames SHAMPO does not take are built the nonlinear way.
 //
 // Where the model differs from mlx5 on these paths: the cyclic RQ and
@@ -39,6 +43,17 @@
 // downstream, as the kernel charges it to the socket; a frame whose
 // stride would cross a page (it cannot: strides are powers of two no
 // larger than a page) would fall back to the nonlinear build.
+//
+// LRO sessions: ustack's LRO packet is the sender's TSO frame as one wire
+// read brings it (rx_lro_packets = rx_gso_frames), with the sender's MSS
+// as gso_size. mlx5 ends a session at lro_max_ip_payload_size (65280 B),
+// after lro_timeout (32 us), at a frame that does not match and at its
+// MPWQE's end, and may join two bursts; a 64 KB TSO frame (65192 B of IP
+// payload) fits one either way. GRO merges almost no LRO packets in both:
+// two full ones pass 64 KB (skb_gro_receive: -E2BIG), and mlx5's gso_size
+// is DIV_ROUND_UP(cqe_bcnt, lro_num_seg) (mlx5e_build_rx_skb), so pieces
+// of different segment counts differ and tcp_gro_receive keeps them apart,
+// where ustack's, all at the MSS, could merge.
 //
 // Threading: the NIC model runs in its own goroutine locked to an OS thread
 // (the hardware); it posts one CQE per frame into a single-producer,

@@ -43,9 +43,12 @@ type CQE struct {
 	// Hardware GRO (SHAMPO): the frame's headers are in header buffer
 	// entry HeaderIndex (HeaderSize bytes) and its payload at DataOffset of
 	// the session's reservation (Frags); Match says it continues the
-	// previous CQE's session.
+	// previous CQE's session, Flush that the NIC ended the session with
+	// this frame (the CQE's shampo.flush bit: the driver hands the session
+	// packet up at once).
 	HWGRO       bool
 	Match       bool
+	Flush       bool
 	HeaderIndex uint16
 	HeaderSize  uint16
 	DataOffset  uint32

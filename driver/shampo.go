@@ -66,6 +66,13 @@ const (
 type shampoStats struct {
 	starts, sessions, packets, frags, payload, mappable, resvBytes, resvUsed atomic.Uint64
 	hdrEntries, hdrBytes                                                     atomic.Uint64
+	// Why sessions end: on the NIC, a frame whose flags end the train (PSH,
+	// FIN, URG, RST, SYN), and a frame that would have continued the
+	// session but came after the timer; in the driver, why a session
+	// packet went up: the CQE's flush bit, a CQE that does not match, no
+	// room (mlx5e_hw_gro_skb_has_enough_space), the end of a poll.
+	endFlags, endTimeout                           atomic.Uint64
+	flushCQE, flushMismatch, flushSpace, flushPoll atomic.Uint64
 }
 
 func (s *shampoStats) each(fn func(string, uint64)) {
@@ -79,6 +86,12 @@ func (s *shampoStats) each(fn func(string, uint64)) {
 	fn("rx_gro_hw_resv_used_bytes", s.resvUsed.Load())
 	fn("rx_gro_hw_hdr_entries", s.hdrEntries.Load())
 	fn("rx_gro_hw_hdr_bytes", s.hdrBytes.Load())
+	fn("rx_gro_hw_end_flags", s.endFlags.Load())
+	fn("rx_gro_hw_end_timeout", s.endTimeout.Load())
+	fn("rx_gro_hw_flush_cqe", s.flushCQE.Load())
+	fn("rx_gro_hw_flush_mismatch", s.flushMismatch.Load())
+	fn("rx_gro_hw_flush_space", s.flushSpace.Load())
+	fn("rx_gro_hw_flush_poll", s.flushPoll.Load())
 }
 
 // session is the NIC's open SHAMPO session: one flow whose payloads are
@@ -136,8 +149,12 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo, csum CsumStat
 	// driver's max LRO size; a 64 KB reservation holds a few bytes more):
 	// the packet carries the first frame's headers, s.hdrLen bytes.
 	fits := s.off+len(payload) <= s.resv.size && s.hdrLen-s.l3+s.off+len(payload) <= 0xffff
-	match := s.open && seq == s.nextSeq && fits && now-s.last < int64(d.cfg.HWGROTimeout) &&
-		len(payload) <= s.mss && flags&tcpFlagCWR == 0 && n.sameHeaders(hdr, fi)
+	inTime := now-s.last < int64(d.cfg.HWGROTimeout)
+	match := s.open && seq == s.nextSeq && fits && len(payload) <= s.mss && flags&tcpFlagCWR == 0 && n.sameHeaders(hdr, fi)
+	if match && !inTime {
+		d.shampo.endTimeout.Add(1)
+		match = false
+	}
 	if !match {
 		d.shampo.starts.Add(1)
 		n.closeSession()
@@ -170,6 +187,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo, csum CsumStat
 	cqe.GSOSize = 0
 	cqe.HWGRO = true
 	cqe.Match = match
+	cqe.Flush = false
 	cqe.HeaderIndex = uint16(hi) // Config allows no ring past 16 bits (maxHWGRORing)
 	cqe.HeaderSize = uint16(len(hdr))
 	cqe.DataOffset = uint32(s.off)
@@ -185,9 +203,19 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo, csum CsumStat
 	n.pendBytes += len(hdr) + len(payload)
 	// tcp_gro_receive's out_check_final: these flags, or a segment shorter
 	// than the MSS, end the train; so do headers GRO never merges, and a
-	// full reservation.
+	// full reservation. The frame joins the session and its CQE carries
+	// the flush bit (cqe->shampo.flush): the driver hands the packet up
+	// with it, and mlx5e_shampo_update_fin_psh_flags copies its PSH and
+	// FIN into the packet's header. A bulk sender's TSO frames end with
+	// PSH (tcp_push's tcp_mark_push on the write queue's tail), so each
+	// session holds at most one of them.
 	alone := !s.v6 && s.l4-s.l3 != ipv4MinHdrLen || s.v6 && s.l4-s.l3 != ipv6HdrLen
-	if flags&(tcpFlagURG|tcpFlagPSH|tcpFlagRST|tcpFlagSYN|tcpFlagFIN) != 0 || len(payload) < s.mss || alone || s.off == s.resv.size {
+	endFlags := flags&(tcpFlagURG|tcpFlagPSH|tcpFlagRST|tcpFlagSYN|tcpFlagFIN) != 0
+	if endFlags || len(payload) < s.mss || alone || s.off == s.resv.size {
+		if endFlags {
+			d.shampo.endFlags.Add(1)
+		}
+		cqe.Flush = true
 		n.closeSession()
 	}
 	return true
@@ -290,14 +318,28 @@ type shampoBuilder struct {
 	last  *bufpool.Page
 }
 
-// add takes one hardware-GRO CQE; it returns a finished packet to hand up
-// (a session the CQE does not continue), or nil.
-func (d *Driver) shampoAdd(cqe *CQE) *bufpool.Packet {
+// shampoAdd takes one hardware-GRO CQE; it returns the finished packets
+// to hand up, in order, each nil if none: done, the open packet the CQE
+// does not continue (or has no room for), and flushed, the packet the CQE
+// joined when it carries the flush bit (mlx5e_handle_rx_cqe_mpwrq_shampo
+// then calls mlx5e_shampo_flush_skb at once).
+func (d *Driver) shampoAdd(cqe *CQE) (done, flushed *bufpool.Packet) {
 	b := &d.hwb
-	var done *bufpool.Packet
 	dataBcnt := int(cqe.ByteCount) - int(cqe.HeaderSize)
-	if b.pkt != nil && (!cqe.Match || !d.hwGROHasEnoughSpace(b.pkt, dataBcnt) || len(b.pkt.Frags)+int(cqe.NFrags) > cap(b.pkt.Frags)) {
-		done = d.shampoFlush()
+	if b.pkt != nil {
+		// mlx5e_handle_rx_cqe_mpwrq_shampo: a CQE that does not match,
+		// or would not fit (has_enough_space), flushes the packet first.
+		var why *atomic.Uint64
+		switch {
+		case !cqe.Match:
+			why = &d.shampo.flushMismatch
+		case !d.hwGROHasEnoughSpace(b.pkt, dataBcnt) || len(b.pkt.Frags)+int(cqe.NFrags) > cap(b.pkt.Frags):
+			why = &d.shampo.flushSpace
+		}
+		if why != nil {
+			why.Add(1)
+			done = d.shampoFlush()
+		}
 	}
 	if b.pkt == nil {
 		p := bufpool.NewPacket()
@@ -335,7 +377,11 @@ func (d *Driver) shampoAdd(cqe *CQE) *bufpool.Packet {
 	}
 	cqe.NFrags = 0
 	d.shampo.packets.Add(1)
-	return done
+	if cqe.Flush {
+		d.shampo.flushCQE.Add(1)
+		flushed = d.shampoFlush()
+	}
+	return done, flushed
 }
 
 // hwGROMaxSize is GRO_LEGACY_MAX_SIZE, the size a SHAMPO skb may reach.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // sessionsOf sends super-frames through a driver with hardware GRO and
@@ -336,5 +338,58 @@ func TestHWGROSessionIPLength(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("%v: payload differs from what was sent", mode)
 		}
+	}
+}
+
+// hwCounters returns d's hardware GRO counters by name.
+func hwCounters(d *Driver) map[string]uint64 {
+	m := make(map[string]uint64)
+	d.EachHWGRO(func(name string, v uint64) { m[name] = v })
+	return m
+}
+
+// TestHWGROSessionEnds: why sessions end is counted. A PSH frame joins its
+// session and its CQE carries the flush bit (cqe->shampo.flush): the
+// driver hands the packet up with it (rx_gro_hw_flush_cqe) and the NIC
+// counts the flag end (rx_gro_hw_end_flags); a frame that would continue a
+// session after the timer starts a new one (rx_gro_hw_end_timeout). Every
+// session packet has exactly one reason to go up.
+func TestHWGROSessionEnds(t *testing.T) {
+	mk := func(seq uint32, flags header.TCPFlags) []byte {
+		spec := pkSpec{l3: L3IPv4, proto: protoTCP, tcpTS: true, tcpFlags: flags, seq: seq, ack: 1, payload: pkPayload(1000), csum: pkCsumPartial, ipID: uint16(seq / 1000)}
+		return wireFrame(VirtioNetHdr{Flags: VirtioNetHdrFNeedsCsum, CsumStart: 14 + 20, CsumOffset: header.TCPChecksumOffset}, spec.build())
+	}
+	ack, psh := header.TCPFlagAck, header.TCPFlagAck|header.TCPFlagPsh
+	for _, tc := range []struct {
+		name                       string
+		timeout                    time.Duration
+		frames                     [][]byte
+		starts, endFlags, endTimer uint64
+		flushCQE                   uint64
+	}{
+		{"psh", time.Second, [][]byte{mk(1, ack), mk(1001, psh), mk(2001, ack), mk(3001, psh)}, 2, 2, 0, 2},
+		// Each read is its own arrival time: with a 1 ns timer every
+		// frame after the first comes too late for its session.
+		{"timer", time.Nanosecond, [][]byte{mk(1, ack), mk(1001, ack), mk(2001, ack)}, 3, 0, 2, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &collector{keep: true}
+			d, w := newTestDriver(t, Config{HWGRO: HWGROOn, HWGROTimeout: tc.timeout}, c)
+			for _, f := range tc.frames {
+				if err := w.Write(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testutil.WaitFor(t, "every payload delivered", func() bool { return c.bytes.Load() == int64(1000*len(tc.frames)) })
+			m := hwCounters(d)
+			if m["rx_gro_hw_session_starts"] != tc.starts || m["rx_gro_hw_end_flags"] != tc.endFlags || m["rx_gro_hw_end_timeout"] != tc.endTimer || m["rx_gro_hw_flush_cqe"] != tc.flushCQE {
+				t.Errorf("starts %d, end_flags %d, end_timeout %d, flush_cqe %d: want %d, %d, %d, %d",
+					m["rx_gro_hw_session_starts"], m["rx_gro_hw_end_flags"], m["rx_gro_hw_end_timeout"], m["rx_gro_hw_flush_cqe"],
+					tc.starts, tc.endFlags, tc.endTimer, tc.flushCQE)
+			}
+			if sum := m["rx_gro_hw_flush_cqe"] + m["rx_gro_hw_flush_mismatch"] + m["rx_gro_hw_flush_space"] + m["rx_gro_hw_flush_poll"]; sum != m["rx_gro_hw_sessions"] {
+				t.Errorf("flush reasons sum to %d, sessions %d: want one reason per session packet", sum, m["rx_gro_hw_sessions"])
+			}
+		})
 	}
 }

@@ -216,14 +216,23 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 }
 
 // lendToGVisor is toGVisor's zero-copy half: the payload goes to gVisor as
-// views of the RX pages. The caller releases pkt.
+// views of the RX pages. The headers are copied into a view of their own:
+// the whole linear part, or, when it is a head frag (the linear RQ's frame
+// in its stride, bufpool.Packet.Head), its first HdrLen bytes, the rest
+// being payload that lendAfter lends from the page, as tcp_gro_receive's
+// skb_gro_receive turns a head_frag skb's payload into a frag. The caller
+// releases pkt.
 func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
-	var payload buffer.Buffer
-	e.lend.lendAfter(&payload, pkt, len(pkt.Linear))
-	if e.pcap != nil {
-		e.pcap.WriteFrame(time.Now(), pkt.Linear, payload.Flatten())
+	hdr := pkt.Linear
+	if pkt.Head != nil {
+		hdr = hdr[:min(pkt.HdrLen, len(hdr))]
 	}
-	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
+	var payload buffer.Buffer
+	e.lend.lendAfter(&payload, pkt, len(hdr))
+	if e.pcap != nil {
+		e.pcap.WriteFrame(time.Now(), hdr, payload.Flatten())
+	}
+	buf := buffer.MakeWithView(buffer.NewViewWithData(hdr))
 	buf.Merge(&payload)
 	e.dispatch(buf)
 }

@@ -192,11 +192,14 @@ func (l *lendStats) each(fn func(string, uint64)) {
 // lendAfter appends p's bytes from offset skip on, and its chain's payload
 // (bufpool.Packet.Walk), to b, each slice as a view of its own (appendView:
 // a lent view is never cut, so a whole page stays whole for ReadViews):
-// what is left of a linear part as a copy,
-// each frag as a view of its page's chunk (lent), or as a copy when its
-// page is not a chunk, when its packet is short, when too many pages are
-// lent already, when its packet is an IP fragment (gVisor holds those up
-// to 30 s for reassembly), or when gVisor's layout is unknown.
+// what is left of a linear part as a copy, unless the linear part is a
+// head frag (bufpool.Packet.Head: the linear RQ's frame in its stride),
+// which is lent as a frag is, as skb_gro_receive's head_frag branch makes
+// such a head's payload a frag of the page; each frag as a view of its
+// page's chunk (lent), or as a copy when its page is not a chunk, when its
+// packet is short, when too many pages are lent already, when its packet
+// is an IP fragment (gVisor holds those up to 30 s for reassembly), or
+// when gVisor's layout is unknown.
 func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 	var q *driver.Packet // the packet the walk is in
 	var small, ipFrag bool
@@ -211,14 +214,21 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 				from = skip
 			}
 			small = q.Len-from < l.minLend
-			ipFrag = l.ipFrags && len(q.Frags) > 0 && isIPFragment(q.Linear)
+			ipFrag = l.ipFrags && (len(q.Frags) > 0 || q.Head != nil) && isIPFragment(q.Linear)
 		}
-		f := w.Frag()
-		if f == nil {
+		n := len(w.Bytes())
+		var pg *bufpool.Page
+		var end int // where the slice ends in pg's bytes
+		if f := w.Frag(); f != nil {
+			pg, end = f.Page, int(f.Off+f.Len)
+		} else if q.Head != nil {
+			// The slice is the end of a head frag's linear part.
+			pg, end = q.Head, int(q.HeadOff)+len(q.Linear)
+		} else {
 			appendView(b, buffer.NewViewWithData(w.Bytes()))
 			continue
 		}
-		pv, ok := f.Page.Mem().(*buffer.View)
+		pv, ok := pg.Mem().(*buffer.View)
 		var why *atomic.Uint64
 		switch {
 		case !ok:
@@ -229,7 +239,7 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 			why = &l.copiedFrag
 		case small:
 			why = &l.copiedSmall
-		case l.maxLent > 0 && !f.Page.Lent() && l.pool.LentPages() >= l.maxLent:
+		case l.maxLent > 0 && !pg.Lent() && l.pool.LentPages() >= l.maxLent:
 			// A page lent already costs nothing more.
 			why = &l.copiedBound
 		}
@@ -238,13 +248,12 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 			why.Add(1)
 			continue
 		}
-		n := len(w.Bytes())
 		v := pv.Clone()
-		v.TrimFront(int(f.Off+f.Len) - n)
+		v.TrimFront(end - n)
 		v.CapLength(n)
 		// Lend before the packet's frags are released: the pool must see
 		// the mark by the time the page's count falls back.
-		f.Page.Lend()
+		pg.Lend()
 		appendView(b, v)
 		l.views.Add(1)
 	}

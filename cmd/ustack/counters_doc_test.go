@@ -59,7 +59,7 @@ func TestCountersDocumented(t *testing.T) {
 	t.Cleanup(func() { rx.BindXSK(nil) })
 	var st serve.Stats
 	got := stacktest.Counters(rx.EachCounter, st.EachCounter)
-	for _, fam := range []string{"rx_xdp_", "rx_xsk_", "tx_xsk_", "cpumap_", "tunnel_", "zc_", "rx_gro_", "server_", "iperf3_"} {
+	for _, fam := range []string{"rx_xdp_", "rx_xsk_", "tx_xsk_", "cpumap_", "tunnel_", "zc_", "rx_gro_", "server_", "iperf3_", "sockperf_"} {
 		found := false
 		for n := range got {
 			found = found || strings.HasPrefix(n, fam)

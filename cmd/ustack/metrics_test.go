@@ -92,7 +92,7 @@ func TestRunCounters(t *testing.T) {
 	if want := 1 + len(rx.Counters()) + len(stacktest.Counters(st.EachCounter)); len(lines) != want {
 		t.Fatalf("printCounters: got %d lines, want %d (a header, the stack's counters and the servers')", len(lines), want)
 	}
-	if got, want := strings.TrimSpace(lines[len(lines)-1]), "iperf3_conns_dropped: 0"; got != want {
+	if got, want := strings.TrimSpace(lines[len(lines)-1]), "sockperf_udp_send_errors: 0"; got != want {
 		t.Errorf("last line: got %q, want %q (the servers' last counter)", got, want)
 	}
 	if !strings.Contains(b.String(), "server_conns_refused: 0") || !strings.Contains(b.String(), "rx_packets: ") {

@@ -57,6 +57,7 @@ type runOptions struct {
 	tap                   string
 	addrs                 prefixList
 	discard, echo, iperf3 netip.AddrPort // invalid: not served
+	sockperf              netip.AddrPort
 	stats                 time.Duration
 	pcap, pcapWire        string
 	metrics               string
@@ -68,11 +69,12 @@ type runOptions struct {
 func parseRun(args []string) (*runOptions, error) {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	o := &runOptions{}
-	var discard, echo, iperf3 string
+	var discard, echo, iperf3, sockperf string
 	fs.StringVar(&o.tap, "tap", "", "TAP device to attach to (created if it does not exist)")
 	fs.StringVar(&discard, "discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
 	fs.StringVar(&echo, "echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
 	fs.StringVar(&iperf3, "iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
+	fs.StringVar(&sockperf, "sockperf", "", "serve the sockperf protocol (sockperf server, TCP and UDP) on [ADDR]:PORT, e.g. :11111")
 	fs.DurationVar(&o.stats, "stats", 0, "print counters every DURATION (0: only at exit)")
 	fs.StringVar(&o.pcap, "pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
 	fs.StringVar(&o.pcapWire, "pcap-wire", "", "write the frames as read from the TAP to this pcap file")
@@ -103,7 +105,7 @@ func parseRun(args []string) (*runOptions, error) {
 	for _, sv := range []struct {
 		name, v string
 		dst     *netip.AddrPort
-	}{{"discard", discard, &o.discard}, {"echo", echo, &o.echo}, {"iperf3", iperf3, &o.iperf3}} {
+	}{{"discard", discard, &o.discard}, {"echo", echo, &o.echo}, {"iperf3", iperf3, &o.iperf3}, {"sockperf", sockperf, &o.sockperf}} {
 		if *sv.dst, err = parseServe(sv.name, sv.v, o.addrs); err != nil {
 			return nil, usageError{err}
 		}
@@ -245,6 +247,14 @@ func (r *runner) serve() error {
 	if o.iperf3.IsValid() {
 		iperf3Cfg.OnTest = func(res serve.IPerf3Result) { logIPerf3(r.stderr, res) }
 		srv, err := serve.ListenIPerf3(r.s, o.iperf3, iperf3Cfg)
+		if err != nil {
+			return err
+		}
+		r.onShutdown(func() { srv.Close() })
+		r.start(srv.Serve)
+	}
+	if o.sockperf.IsValid() {
+		srv, err := serve.ListenSockperf(r.s, o.sockperf, srvCfg)
 		if err != nil {
 			return err
 		}

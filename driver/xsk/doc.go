@@ -28,20 +28,33 @@
 // # Ordering
 //
 // Completions appear on the completion ring in TX ring order, one per TX
-// descriptor (a multi-buffer packet completes each of its descriptors), for
-// sent and rejected descriptors alike. A requested TX timestamp is written
-// into the descriptor's metadata before its address is published on the
-// completion ring, so the application may read it as soon as it peeks the
-// address. The socket never writes packet data in the UMEM: frames are
-// copied into a per-socket scratch buffer, where a software checksum is
-// completed.
+// descriptor of every packet sent or failed at the wire (a multi-buffer
+// packet completes each of its descriptors). Invalid descriptors are
+// consumed without a completion (tx_invalid_descs), as the kernel does.
+// A requested TX timestamp is taken per packet after its write (its
+// completion) and written into its first descriptor's metadata before its
+// address is published on the completion ring, so the application may
+// read it as soon as it peeks the address. The socket never writes packet
+// data in the UMEM: frames are copied into a per-socket scratch buffer,
+// where a software checksum is completed.
+//
+// # Copy and zero-copy mode
+//
+// The socket models the kernel's copy path (XDP_COPY: __xsk_generic_xmit
+// and xsk_build_skb) unless Config.ZeroCopy selects a zero-copy driver's
+// (xsk_tx_peek_desc, xsk_buff_get_metadata, xsk_tx_metadata_request). They
+// differ in what bad metadata does: the copy path fails the send with
+// EINVAL and leaves the descriptor in the TX ring, a zero-copy driver sends
+// the packet without offloads. See Socket.Kick.
 //
 // # UMEM frame layout
 //
 // Frame i occupies [i*FrameSize, (i+1)*FrameSize). A TX descriptor's data
-// must lie in one frame, after the frame's Headroom and TxMetadataLen
-// bytes; the metadata is the TxMetadataLen bytes right before Addr
-// (Addr - TxMetadataLen, as in the kernel):
+// must lie in one frame, at least TxMetadataLen bytes into it; the
+// metadata is the TxMetadataLen bytes right before Addr (Addr -
+// TxMetadataLen, as in the kernel). The headroom is where Receive leaves
+// room; TX data may start in it, as the kernel's xp_aligned_validate_desc
+// allows:
 //
 //	frame base                                          base+FrameSize
 //	|  Headroom  | xsk_tx_metadata |  packet data ...               |

@@ -118,8 +118,9 @@ func newTestSocket(t testing.TB, cfg Config, w Wire) *Socket {
 	return s
 }
 
-// submit puts descs on the TX ring, failing the test if they do not fit.
-func submit(t testing.TB, s *Socket, descs ...Desc) {
+// submit puts descs on the TX ring, failing the test if they do not fit,
+// and returns the ring index of the first.
+func submit(t testing.TB, s *Socket, descs ...Desc) uint32 {
 	t.Helper()
 	got, idx := s.TX().Reserve(uint32(len(descs)))
 	if int(got) != len(descs) {
@@ -129,6 +130,7 @@ func submit(t testing.TB, s *Socket, descs ...Desc) {
 		*s.TX().Entry(idx + uint32(i)) = d
 	}
 	s.TX().Submit(got)
+	return idx
 }
 
 // reap takes every address on the completion ring.

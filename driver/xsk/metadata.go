@@ -25,8 +25,9 @@ const (
 	// accepts it on TX; RX never sets it (Receive takes whole frames).
 	OptPktContd = 1 << 0
 	// OptTxMetadata is XDP_TX_METADATA: TxMetadataLen bytes right before
-	// Addr hold a struct xsk_tx_metadata (see TxMetadata). Only the first
-	// descriptor of a packet may carry it.
+	// Addr hold a struct xsk_tx_metadata (see TxMetadata). It counts on a
+	// packet's first descriptor only; on a later one it is ignored, as
+	// xsk_build_skb reads the metadata of the first.
 	OptTxMetadata = 1 << 1
 )
 
@@ -43,8 +44,9 @@ const (
 	TxmdChecksum = 1 << 1
 
 	// txmdValid is every flag the socket implements; the kernel's
-	// XDP_TXMD_FLAGS_VALID. Any other bit makes the descriptor invalid
-	// (tx_bad_metadata), as xsk_buff_valid_tx_metadata does.
+	// XDP_TXMD_FLAGS_VALID. Any other bit makes the metadata invalid
+	// (tx_bad_metadata), as xsk_buff_valid_tx_metadata does: the send
+	// fails in copy mode, the packet goes without offloads in zero-copy.
 	txmdValid = TxmdTimestamp | TxmdChecksum
 )
 
@@ -90,7 +92,8 @@ func (m TxMetadata) SetChecksumRequest(start, offset uint16) {
 }
 
 // TxTimestamp returns completion.tx_timestamp: the socket clock's reading
-// (nanoseconds, see Config.Clock) after the packet went to the wire. Valid
+// (TAI nanoseconds by default, see Config.Clock) taken for this packet
+// after it went to the wire, as xsk_destruct_skb takes it at completion. Valid
 // once the descriptor's address came back on the completion ring, if
 // TxmdTimestamp was requested.
 func (m TxMetadata) TxTimestamp() uint64 { return binary.NativeEndian.Uint64(m[8:16]) }

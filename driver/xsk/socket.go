@@ -4,9 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync"
-	"time"
+	"syscall"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -29,15 +28,30 @@ const (
 	vnetFNeedsCsum = 1 // VIRTIO_NET_HDR_F_NEEDS_CSUM
 )
 
-// MaxFrags is the most descriptors one multi-buffer TX packet may span: the
-// kernel's MAX_SKB_FRAGS default, beyond which xsk_build_skb fails with
-// -EOVERFLOW.
+// MaxFrags is the kernel's MAX_SKB_FRAGS default: the frags a multi-buffer
+// TX packet may have after its first descriptor, which xsk_build_skb copies
+// into the skb's linear part. A packet thus spans at most MaxFrags+1
+// descriptors (maxTxDescs); at a further OptPktContd xsk_build_skb fails
+// with -EOVERFLOW and the packet is dropped.
 const MaxFrags = 17
 
+// maxTxDescs is the most descriptors one TX packet may span: the linear
+// part and MaxFrags frags (xsk_build_skb; struct xsk_addrs holds
+// MAX_SKB_FRAGS + 1 addresses).
+const maxTxDescs = MaxFrags + 1
+
 // kickBatch is how many TX descriptors Kick peeks at a time, so that it
-// releases them (and publishes completions) in batches. It exceeds MaxFrags,
-// so a whole multi-buffer packet always fits in one batch.
+// releases them (and publishes completions) in batches. It exceeds
+// maxTxDescs, so a whole multi-buffer packet always fits in one batch.
 const kickBatch = 64
+
+// ErrBadMetadata is Kick's error, in copy mode, for a packet whose TX
+// metadata the kernel's xsk_skb_metadata rejects with -EINVAL (no metadata
+// reserved, an unknown flag, a checksum field outside the first
+// descriptor's data): the descriptor stays at the head of the TX ring and
+// every Kick fails the same way until the application repairs the
+// metadata. errors.Is(err, syscall.EINVAL) holds for it, as sendto's errno.
+var ErrBadMetadata = fmt.Errorf("xsk: invalid TX metadata: %w", syscall.EINVAL)
 
 // Defaults of Config.
 const (
@@ -86,12 +100,24 @@ type Config struct {
 	// registered with XDP_UMEM_TX_SW_CSUM.
 	CsumOffload bool
 	// MultiBuffer accepts TX packets spanning several descriptors chained
-	// with OptPktContd (the XDP_USE_SG bind flag), up to MaxFrags. Without
+	// with OptPktContd (the XDP_USE_SG bind flag), up to MaxFrags+1. Without
 	// it OptPktContd makes a descriptor invalid. It needs TxSize and
 	// CompSize of at least 2*MaxFrags.
 	MultiBuffer bool
-	// Clock returns monotonic nanoseconds for TX timestamps; default the
-	// time since New. It must be safe to call from Kick's goroutines.
+	// ZeroCopy selects the TX semantics of a zero-copy driver (the
+	// XDP_ZEROCOPY bind flag: the driver reads descriptors with
+	// xsk_tx_peek_desc and their metadata with xsk_buff_get_metadata)
+	// instead of the copy path's (XDP_COPY, __xsk_generic_xmit). They
+	// differ for bad metadata only: the copy path fails the send with
+	// ErrBadMetadata and leaves the descriptor in the TX ring, a zero-copy
+	// driver sends the packet without the offloads (tx_bad_metadata
+	// either way). Packets are copied into the scratch buffer in both.
+	ZeroCopy bool
+	// Clock returns the nanoseconds written as TX timestamps; default the
+	// TAI clock as the kernel's copy path reads it at completion
+	// (ktime_get_tai_fast_ns in xsk_destruct_skb): CLOCK_TAI read at New
+	// plus the monotonic time since. It must be safe to call from Kick's
+	// goroutines.
 	Clock func() uint64
 
 	// ringStart is the initial producer and consumer index of every ring;
@@ -106,6 +132,7 @@ type Socket struct {
 	frameMask   uint64 // FrameSize-1
 	csumOffload bool   // +checklocksignore: set by New, read-only after
 	multiBuffer bool   // +checklocksignore: set by New, read-only after
+	zeroCopy    bool   // +checklocksignore: set by New, read-only after
 	clock       func() uint64
 	w           Wire // +checklocksignore: set by New, read-only after
 	stats       Stats
@@ -126,12 +153,6 @@ type Socket struct {
 	// scratch holds the virtio-net header and the packet being written.
 	// +checklocks:txMu
 	scratch []byte
-	// dropRest is dropping while Kick discards the remaining descriptors
-	// of a multi-buffer packet that had more than MaxFrags, 0 otherwise:
-	// a bit no valid descriptor carries, so that txBatch tells the common
-	// cases apart with one test of Options|dropRest.
-	// +checklocks:txMu
-	dropRest uint32
 
 	rxMu sync.Mutex
 	// fqc consumes the fill ring.
@@ -200,12 +221,12 @@ func New(cfg Config, w Wire) (*Socket, error) {
 		frameMask:   uint64(cfg.FrameSize - 1),
 		csumOffload: cfg.CsumOffload,
 		multiBuffer: cfg.MultiBuffer,
+		zeroCopy:    cfg.ZeroCopy,
 		clock:       cfg.Clock,
 		w:           w,
 	}
 	if s.clock == nil {
-		start := time.Now()
-		s.clock = func() uint64 { return uint64(time.Since(start)) }
+		s.clock = newTAIClock()
 	}
 	fillR := newRing[uint64](uint32(cfg.FillSize), cfg.ringStart)
 	compR := newRing[uint64](uint32(cfg.CompSize), cfg.ringStart)
@@ -217,7 +238,7 @@ func New(cfg Config, w Wire) (*Socket, error) {
 	s.tx, s.txc = newProducer(txR), newConsumer(txR)
 	frags := 1
 	if cfg.MultiBuffer {
-		frags = MaxFrags
+		frags = maxTxDescs
 	}
 	s.scratch = make([]byte, vnetHdrLen+frags*s.umem.DataRoom())
 	return s, nil
@@ -250,16 +271,35 @@ func (s *Socket) Now() uint64 { return s.clock() }
 // worth of descriptors, so that it returns even while the application keeps
 // producing) and returns how many descriptors it consumed.
 //
-// Each descriptor is validated; an invalid one (see validDesc and
-// checkMetadata) is counted (tx_invalid_descs or tx_bad_metadata, once per
-// packet) and completed without being sent, together with the rest of its
-// multi-buffer packet. A valid packet is copied with its virtio-net header
-// into the socket's scratch buffer, has a requested checksum offloaded
-// (NEEDS_CSUM) or completed in software, goes to the wire in one Write,
-// and then gets a requested timestamp. Every consumed descriptor's Addr is
-// then published on the completion ring, in order. Kick stops when the
-// completion ring is full (tx_cq_full) or a multi-buffer packet's last
-// descriptor is not submitted yet.
+// Each descriptor is validated as xp_aligned_validate_desc does (see
+// validDesc). An invalid one is consumed and counted (tx_invalid_descs, as
+// XDP_STATISTICS reports it) but not completed: its address never reaches
+// the completion ring. A multi-buffer packet with an invalid descriptor is
+// dropped up to it, as xsk_drop_skb drops the skb being built (each of
+// those descriptors counted, none completed), and the descriptor after it
+// begins a new packet; either way Kick stops there, as __xsk_generic_xmit
+// ends its pass at an invalid descriptor. A packet with more than
+// maxTxDescs descriptors is dropped at the first one past the limit (-EOVERFLOW:
+// all counted, none completed) and Kick goes on with the next.
+//
+// The metadata of a packet's first descriptor is read if it carries
+// OptTxMetadata (later descriptors' metadata is ignored, as xsk_build_skb
+// reads it for the first only). In copy mode bad metadata (see request)
+// fails the Kick with ErrBadMetadata, the descriptor left at the head of
+// the TX ring (xsk_skb_metadata's -EINVAL: __xsk_generic_xmit returns
+// without releasing it); with Config.ZeroCopy the packet is sent without
+// the offloads it asked for (xsk_buff_get_metadata returns no metadata).
+// Both count tx_bad_metadata.
+//
+// A valid packet is copied with its virtio-net header into the socket's
+// scratch buffer, has a requested checksum offloaded (NEEDS_CSUM) or
+// completed in software and goes to the wire in one Write; then, per
+// packet, a requested timestamp is read from the clock and written into
+// the metadata's completion area (xsk_destruct_skb), and the packet's
+// descriptors are completed. Completions are published on the completion
+// ring in TX order. Kick stops when the completion ring is full
+// (tx_cq_full) or a multi-buffer packet's last descriptor is not submitted
+// yet.
 //
 // A failed Write is counted (tx_errors), its descriptors are completed,
 // and Kick stops and returns the error. Kick may be called from several
@@ -271,7 +311,7 @@ func (s *Socket) Kick() (int, error) {
 	var total uint32
 	var err error
 	limit := s.txc.Size()
-	for total < limit && err == nil {
+	for total < limit {
 		n, idx := s.txc.Peek(min(kickBatch, limit-total))
 		if n == 0 {
 			break
@@ -288,202 +328,185 @@ func (s *Socket) Kick() (int, error) {
 			n = free
 		}
 		_, cidx := s.cqp.Reserve(n) // cannot fail: Free said n
-		var used uint32
-		used, err = s.txBatch(idx, n, cidx, &c)
-		s.stamp(cidx, c.stamps)
-		c.stamps = 0
+		var used, done uint32
+		var stop bool
+		used, done, stop, err = s.txBatch(idx, n, cidx, &c)
 		if used < n {
 			s.txc.Cancel(n - used)
-			s.cqp.Cancel(n - used)
-			if cut && err == nil {
+			if cut && !stop {
 				c.cqFull++ // a multi-buffer packet did not fit
 			}
 		}
-		if used == 0 {
-			break
-		}
-		s.cqp.Submit(used)
+		s.cqp.Cancel(n - done)
+		s.cqp.Submit(done)
 		s.txc.Release(used)
 		total += used
+		if stop || used < n {
+			break
+		}
 	}
 	c.flush(&s.stats)
-	if err != nil {
+	if err != nil && err != ErrBadMetadata {
 		err = fmt.Errorf("xsk: write: %w", err)
 	}
 	return int(total), err
 }
 
-// dropping is dropRest's value while Kick discards the rest of an
-// oversized multi-buffer packet: an option bit outside the UAPI's.
-const dropping = 1 << 31
-
-// stamp writes one completion time, read after the batch's last write,
-// into the metadata of every packet of the batch that asked for a TX
-// timestamp: those whose completion slot, counted from cidx, has its bit
-// set in mask. A slot holds the packet's first descriptor's Addr, which
-// Kick validated, so its metadata lies right before it. The mask lives in
-// Kick's counters, on its stack and touched for every packet anyway, not in
-// the socket: after each wire write the socket's own lines may have left
-// the cache.
+// txBatch consumes TX descriptors among the n peeked from idx (at most
+// kickBatch), writing the completions of the packets it sends to the
+// reserved completion slots from cidx. It returns how many descriptors it
+// consumed (used) and completed (done <= used), and whether Kick must stop
+// (an invalid descriptor, bad metadata in copy mode, a write error, with
+// err set for the last two). It consumes fewer than n without stop when it
+// meets a multi-buffer packet whose last descriptor is not among them.
 //
 // +checklocks:s.txMu
-func (s *Socket) stamp(cidx uint32, mask uint64) {
-	if mask == 0 {
-		return
-	}
-	now := s.clock()
-	buf := s.umem.buf // locals: the stores into buf need not reload them
-	md := uint64(s.umem.mdLen)
-	for mask != 0 {
-		i := uint32(bits.TrailingZeros64(mask))
-		mask &= mask - 1
-		off := *s.cqp.Entry(cidx + i) - md + 8 // completion.tx_timestamp
-		binary.NativeEndian.PutUint64(buf[off:off+8], now)
-	}
-}
-
-// txBatch consumes the n TX descriptors peeked from idx (at most
-// kickBatch), writing their completions to the reserved completion slots
-// from cidx, and returns how many it consumed: fewer than n when it meets a
-// multi-buffer packet whose last descriptor is not among them, or a write
-// error. It sets bit i of c.stamps if the packet whose first descriptor is
-// the i-th asked for a TX timestamp (see stamp).
-//
-// +checklocks:s.txMu
-func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (uint32, error) {
-	var used uint32
+func (s *Socket) txBatch(idx, n, cidx uint32, c *txCounts) (used, done uint32, stop bool, err error) {
 	for used < n {
 		d := *s.txc.Entry(idx + used)
-		switch d.Options | s.dropRest {
+		switch d.Options {
 		case 0:
 			// The common case: one descriptor, no metadata. Nothing here
-			// reads the metadata area.
-			*s.cqp.Entry(cidx + used) = d.Addr
+			// reads the metadata area. The completion slot is written
+			// first and counted only if d is valid (an unpublished slot
+			// is overwritten or cancelled).
+			*s.cqp.Entry(cidx + done) = d.Addr
 			used++
 			if !s.validDesc(d) {
 				c.invalid++
-				continue
+				return used, done, true, nil
 			}
+			done++
 			b := s.scratch[:vnetHdrLen+int(d.Len)]
 			clear(b[:vnetHdrLen]) // no offload requested
 			copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
 			if err := s.w.Write(b); err != nil {
 				c.errors++
-				return used, err
+				return used, done, true, err
 			}
 			c.packets++
 			c.bytes += uint64(d.Len)
 		case OptTxMetadata:
 			// One descriptor with metadata.
-			*s.cqp.Entry(cidx + used) = d.Addr
-			used++
+			if !s.validDesc(d) {
+				c.invalid++
+				return used + 1, done, true, nil
+			}
 			b, stamp := s.txMeta(d, c)
 			if b == nil {
-				continue
+				return used, done, true, ErrBadMetadata // d stays in the ring
 			}
-			if stamp {
-				c.stamps |= 1 << (used - 1)
-			}
+			used++
+			*s.cqp.Entry(cidx + done) = d.Addr
+			done++
 			// The write here, as in the case above, not in txMeta: a
 			// return after the system call costs a misprediction (the
 			// kernel leaves the return stack buffer filled), and the
 			// metadata path should not pay one more than the plain one.
-			if err := s.w.Write(b); err != nil {
+			err := s.w.Write(b)
+			if stamp {
+				s.stamp(d.Addr)
+				c.timestamps++
+			}
+			if err != nil {
 				c.errors++
-				return used, err
+				return used, done, true, err
 			}
 			c.packets++
 			c.bytes += uint64(d.Len)
 		default:
-			if d.Options&OptPktContd == 0 && s.dropRest == 0 {
-				// One descriptor with an unknown option.
-				*s.cqp.Entry(cidx + used) = d.Addr
-				used++
-				c.invalid++
-				continue
-			}
-			k, stamp, err := s.txPacket(idx+used, n-used, cidx+used, c)
-			if stamp {
-				c.stamps |= 1 << used
-			}
+			k, kd, stop, err := s.txPacket(idx+used, n-used, cidx+done, c)
 			used += k
-			if k == 0 || err != nil {
-				return used, err
+			done += kd
+			if k == 0 || stop {
+				return used, done, stop, err
 			}
 		}
 	}
-	return used, nil
+	return used, done, false, nil
 }
 
-// validDesc reports whether d's data lies in the UMEM, inside one frame,
-// after the frame's headroom and TX metadata, and is not empty: the
-// kernel's xp_aligned_validate_desc, with the headroom enforced too. Since
-// the UMEM is whole frames, Addr inside it and Addr+Len within Addr's frame
-// imply Addr+Len inside it and Len <= DataRoom.
+// stamp writes the clock's reading into the completion.tx_timestamp of the
+// packet whose first descriptor's data is at addr, which Kick validated, so
+// its metadata lies right before it: xsk_destruct_skb's
+// *compl->tx_timestamp = ktime_get_tai_fast_ns(), once per packet after
+// its write and before its completion is published.
+//
+// +checklocks:s.txMu
+func (s *Socket) stamp(addr uint64) {
+	off := addr - uint64(s.umem.mdLen) + 8
+	binary.NativeEndian.PutUint64(s.umem.buf[off:off+8], s.clock())
+}
+
+// validDesc reports whether d's data is not empty and lies in the UMEM,
+// inside one frame, at least TxMetadataLen bytes into it, so that its
+// metadata lies in the same frame: the kernel's xp_aligned_validate_desc
+// (a frame is a chunk of an aligned UMEM). The headroom is not enforced:
+// the kernel reserves it on RX only. Since the UMEM is whole frames, Addr
+// inside it and Addr+Len within Addr's frame imply Addr+Len inside it.
 func (s *Socket) validDesc(d Desc) bool {
 	off := d.Addr & s.frameMask
-	return d.Len != 0 && d.Addr < s.umem.Size() && off >= s.umem.dataOff && off+uint64(d.Len) <= s.umem.frameSize
+	return d.Len != 0 && d.Addr < s.umem.Size() && off >= uint64(s.umem.mdLen) && off+uint64(d.Len) <= s.umem.frameSize
 }
 
-// txMeta prepares a packet of one descriptor, d, whose only option is
-// OptTxMetadata (d's completion and the write are the caller's): it does
-// what validDesc and request do for a multi-buffer packet, and what xmit
-// does before the write, in one function and with the metadata read once:
-// this is the per-packet cost of a metadata request (the seed's -m). Keep
-// them in step with it. It returns the virtio-net header and the packet in
-// the scratch buffer, nil if d was rejected (and counted), and whether the
-// packet asked for a TX timestamp.
+// txMeta prepares a packet of one valid descriptor, d, whose only option
+// is OptTxMetadata (d's completion and the write are the caller's): it
+// does what request does for a multi-buffer packet, and what xmit does
+// before the write, in one function and with the metadata read once: this
+// is the per-packet cost of a metadata request (the seed's -m). Keep them
+// in step with it. It returns the virtio-net header and the packet in the
+// scratch buffer and whether the packet asked for a TX timestamp, or nil
+// if the metadata is bad in copy mode (counted: the caller fails the Kick
+// with ErrBadMetadata).
 //
 // +checklocks:s.txMu
 func (s *Socket) txMeta(d Desc, c *txCounts) ([]byte, bool) {
-	if !s.validDesc(d) {
-		c.invalid++
-		return nil, false
-	}
-	if s.umem.mdLen == 0 {
-		c.badMetadata++
-		return nil, false
-	}
-	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
-	mdOff := d.Addr - uint64(s.umem.mdLen)
-	md := s.umem.buf[mdOff : mdOff+TxMetadataSize : mdOff+TxMetadataSize]
-	flags := binary.NativeEndian.Uint64(md[0:8])
-	if flags&^txmdValid != 0 {
-		c.badMetadata++
-		return nil, false
-	}
 	b := s.scratch[:vnetHdrLen+int(d.Len)]
-	swCsum := false
-	if flags&TxmdChecksum == 0 {
-		clear(b[:vnetHdrLen])
-	} else {
-		if int(binary.NativeEndian.Uint16(md[8:10]))+int(binary.NativeEndian.Uint16(md[10:12]))+2 > int(d.Len) {
-			c.badMetadata++
+	var flags uint64
+	var md []byte
+	if s.umem.mdLen != 0 {
+		// validDesc put d.Addr at least mdLen into its frame.
+		mdOff := d.Addr - uint64(s.umem.mdLen)
+		md = s.umem.buf[mdOff : mdOff+TxMetadataSize : mdOff+TxMetadataSize]
+		flags = binary.NativeEndian.Uint64(md[0:8])
+	}
+	if s.umem.mdLen == 0 || flags&^txmdValid != 0 {
+		c.badMetadata++
+		if !s.zeroCopy {
 			return nil, false
 		}
-		if s.csumOffload {
-			// virtio_net_hdr's csum_start and csum_offset (bytes 6 to
-			// 10) are the metadata's bytes 8 to 12, both in host byte
-			// order: two stores (see xmit).
-			binary.LittleEndian.PutUint64(b[0:8], vnetFNeedsCsum|uint64(binary.LittleEndian.Uint16(md[8:10]))<<48)
-			binary.LittleEndian.PutUint16(b[8:10], binary.LittleEndian.Uint16(md[10:12]))
-			c.csumOffload++
-		} else {
-			clear(b[:vnetHdrLen])
-			swCsum = true
+		// xsk_buff_get_metadata: no metadata, no offload.
+		clear(b[:vnetHdrLen])
+		copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
+		return b, false
+	}
+	swCsum := false
+	switch {
+	case flags&TxmdChecksum == 0:
+		clear(b[:vnetHdrLen])
+	case int(binary.NativeEndian.Uint16(md[8:10]))+int(binary.NativeEndian.Uint16(md[10:12]))+2 > int(d.Len):
+		c.badMetadata++
+		if !s.zeroCopy {
+			return nil, false
 		}
+		clear(b[:vnetHdrLen]) // a checksum outside the packet: none
+	case s.csumOffload:
+		// virtio_net_hdr's csum_start and csum_offset (bytes 6 to 10)
+		// are the metadata's bytes 8 to 12, both in host byte order: two
+		// stores (see xmit).
+		binary.LittleEndian.PutUint64(b[0:8], vnetFNeedsCsum|uint64(binary.LittleEndian.Uint16(md[8:10]))<<48)
+		binary.LittleEndian.PutUint16(b[8:10], binary.LittleEndian.Uint16(md[10:12]))
+		c.csumOffload++
+	default:
+		clear(b[:vnetHdrLen])
+		swCsum = true
 	}
 	copy(b[vnetHdrLen:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
 	if swCsum {
 		completeChecksum(b[vnetHdrLen:], int(binary.NativeEndian.Uint16(md[8:10])), int(binary.NativeEndian.Uint16(md[10:12])))
 		c.csumSW++
 	}
-	if flags&TxmdTimestamp == 0 {
-		return b, false
-	}
-	// Stamped after the batch's last write (stamp).
-	c.timestamps++
-	return b, true
+	return b, flags&TxmdTimestamp != 0
 }
 
 // txRequest is what a packet's metadata asks for, once checked by
@@ -506,24 +529,33 @@ func (r txRequest) csumFields() (start, offset int) {
 }
 
 // request reads and checks the metadata of a valid first descriptor d that
-// carries OptTxMetadata, and reports whether it is acceptable: the socket
-// reserves metadata, only known flags are set, and a requested checksum
-// field lies within d's data (the kernel's check in xsk_skb_metadata:
-// csum_start + csum_offset + 2 <= len).
-func (s *Socket) request(d Desc) (txRequest, bool) {
+// carries OptTxMetadata. The kernel's copy path (xsk_skb_metadata) rejects
+// it with -EINVAL unless the socket reserves metadata, only known flags are
+// set (xsk_buff_valid_tx_metadata) and a requested checksum field lies
+// within d's data (csum_start + csum_offset + 2 <= len, d being the first
+// descriptor only); request then reports false. In zero-copy mode it
+// reports true with what a driver would do instead: no request at all for
+// missing metadata or an unknown flag (xsk_buff_get_metadata returns
+// NULL), the timestamp alone for a checksum field outside the data. Bad
+// metadata is counted (tx_bad_metadata) in both modes.
+func (s *Socket) request(d Desc, c *txCounts) (txRequest, bool) {
 	if s.umem.mdLen == 0 {
-		return txRequest{}, false
+		c.badMetadata++
+		return txRequest{}, s.zeroCopy
 	}
-	// validDesc put d.Addr at least dataOff >= mdLen into its frame.
+	// validDesc put d.Addr at least mdLen into its frame.
 	off := d.Addr - uint64(s.umem.mdLen)
 	md := TxMetadata(s.umem.buf[off : off+TxMetadataSize : off+TxMetadataSize])
 	r := txRequest{flags: md.Flags()}
 	if r.flags&^txmdValid != 0 {
-		return txRequest{}, false
+		c.badMetadata++
+		return txRequest{}, s.zeroCopy
 	}
 	if r.flags&TxmdChecksum != 0 {
 		if int(md.CsumStart())+int(md.CsumOffset())+2 > int(d.Len) {
-			return txRequest{}, false
+			c.badMetadata++
+			r.flags &^= TxmdChecksum
+			return r, s.zeroCopy
 		}
 		r.csum = binary.LittleEndian.Uint32(md[8:12])
 	}
@@ -531,12 +563,11 @@ func (s *Socket) request(d Desc) (txRequest, bool) {
 }
 
 // xmit writes b's virtio-net header (and completes the checksum, in
-// software mode) as r asks, writes b to the wire and then, if asked,
-// reports that r asked for the completion time (stamp). b is the
-// scratch buffer: vnetHdrLen bytes of header to fill, then the packet.
+// software mode) as r asks and writes b to the wire. b is the scratch
+// buffer: vnetHdrLen bytes of header to fill, then the packet.
 //
 // +checklocks:s.txMu
-func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) (bool, error) {
+func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) error {
 	switch {
 	case r.flags&TxmdChecksum == 0:
 		clear(b[:vnetHdrLen])
@@ -561,89 +592,57 @@ func (s *Socket) xmit(b []byte, r txRequest, c *txCounts) (bool, error) {
 		c.packets++
 		c.bytes += uint64(len(b) - vnetHdrLen)
 	}
-	if r.flags&TxmdTimestamp == 0 {
-		return false, err
-	}
-	// Stamped after the batch's last write, before Kick publishes the
-	// completions (stamp).
-	c.timestamps++
-	return true, err
+	return err
 }
 
 // txPacket consumes one packet's descriptors, starting at TX index idx with
-// avail peeked, and writes their completions from cidx. It returns how
-// many it consumed, 0 if the packet's last descriptor is not among them,
-// and whether the packet asked for a TX timestamp.
-// While dropRest is set it consumes, without sending, descriptors up to
-// the end of the oversized packet being dropped.
+// avail peeked, and writes the completions of a sent packet from cidx. It
+// returns how many descriptors it consumed (0 if the packet's last
+// descriptor is not among them, or its metadata is bad in copy mode) and
+// completed, and whether Kick must stop, with the error of a failed write
+// or ErrBadMetadata. It is __xsk_generic_xmit's loop over one packet: the
+// first descriptor is validated, then its metadata read (xsk_build_skb),
+// then the next ones validated one by one; an invalid one drops the
+// packet so far (xsk_drop_skb) and stops the Kick; an OptPktContd on the
+// maxTxDescs-th drops the packet (-EOVERFLOW) and the Kick goes on.
 //
 // +checklocks:s.txMu
-func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, bool, error) {
-	if s.dropRest != 0 {
-		var k uint32
-		for k < avail {
-			d := *s.txc.Entry(idx + k)
-			*s.cqp.Entry(cidx + k) = d.Addr
-			k++
-			if d.Options&OptPktContd == 0 {
-				s.dropRest = 0
-				break
-			}
-		}
-		return k, false, nil
-	}
-
-	// The packet's extent: up to the first descriptor without
-	// OptPktContd (every descriptor, without MultiBuffer).
-	var k uint32
-	end := false
-	for k < avail && k < MaxFrags {
-		d := s.txc.Entry(idx + k)
-		k++
-		if !s.multiBuffer || d.Options&OptPktContd == 0 {
-			end = true
-			break
-		}
-	}
-	if !end && k < MaxFrags {
-		return 0, false, nil // the rest is not submitted yet
-	}
-	for i := range k {
-		*s.cqp.Entry(cidx + i) = s.txc.Entry(idx + i).Addr
-	}
-	if !end {
-		// More than MaxFrags descriptors: drop this part and the rest.
-		c.invalid++
-		s.dropRest = dropping
-		return k, false, nil
-	}
-
+func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (k, done uint32, stop bool, err error) {
 	allowed := uint32(OptTxMetadata)
 	if s.multiBuffer {
 		allowed |= OptPktContd
 	}
-	total := 0
-	for i := range k {
-		d := *s.txc.Entry(idx + i)
-		if d.Options&^allowed != 0 || !s.validDesc(d) {
-			c.invalid++
-			return k, false, nil
-		}
-		if i > 0 && d.Options&OptTxMetadata != 0 {
-			c.badMetadata++
-			return k, false, nil
-		}
-		total += int(d.Len)
-	}
-
 	first := *s.txc.Entry(idx)
+	if first.Options&^allowed != 0 || !s.validDesc(first) {
+		c.invalid++
+		return 1, 0, true, nil
+	}
 	var r txRequest
 	if first.Options&OptTxMetadata != 0 {
 		var ok bool
-		if r, ok = s.request(first); !ok {
-			c.badMetadata++
-			return k, false, nil
+		if r, ok = s.request(first, c); !ok {
+			return 0, 0, true, ErrBadMetadata // the packet stays in the ring
 		}
+	}
+	total := int(first.Len)
+	k = 1
+	end := first.Options&OptPktContd == 0
+	for !end && k < avail && k < maxTxDescs {
+		d := *s.txc.Entry(idx + k)
+		k++
+		if d.Options&^allowed != 0 || !s.validDesc(d) {
+			c.invalid += uint64(k)
+			return k, 0, true, nil
+		}
+		total += int(d.Len)
+		end = d.Options&OptPktContd == 0
+	}
+	if !end {
+		if k < maxTxDescs {
+			return 0, 0, false, nil // the rest is not submitted yet
+		}
+		c.invalid += uint64(k) // -EOVERFLOW
+		return k, 0, false, nil
 	}
 
 	b := s.scratch[:vnetHdrLen+total]
@@ -651,9 +650,14 @@ func (s *Socket) txPacket(idx, avail, cidx uint32, c *txCounts) (uint32, bool, e
 	for i := range k {
 		d := *s.txc.Entry(idx + i)
 		off += copy(b[off:], s.umem.buf[d.Addr:d.Addr+uint64(d.Len)])
+		*s.cqp.Entry(cidx + i) = d.Addr
 	}
-	stamp, err := s.xmit(b, r, c)
-	return k, stamp, err
+	err = s.xmit(b, r, c)
+	if r.flags&TxmdTimestamp != 0 {
+		s.stamp(first.Addr)
+		c.timestamps++
+	}
+	return k, k, err != nil, err
 }
 
 // Receive copies frame into a UMEM frame taken from the fill ring, at that

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"syscall"
 	"testing"
 
 	"github.com/ustack/ustack/driver"
@@ -33,7 +34,8 @@ func TestConstants(t *testing.T) {
 		{"sizeof(struct xdp_desc)", int(unsafeSizeofDesc()), 16},
 		{"XDP_UMEM_MIN_CHUNK_SIZE", MinFrameSize, 2048},
 		{"MAX_SKB_FRAGS", MaxFrags, 17},
-		{"kickBatch > MaxFrags", boolInt(kickBatch > MaxFrags), 1},
+		{"maxTxDescs (MAX_SKB_FRAGS + 1, struct xsk_addrs)", maxTxDescs, 18},
+		{"kickBatch > maxTxDescs", boolInt(kickBatch > maxTxDescs), 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: got %d, want %d", c.name, c.got, c.want)
@@ -107,16 +109,36 @@ func TestNewConfig(t *testing.T) {
 }
 
 // validationConfig is the socket of TestTXValidation: 8 frames of 2048
-// bytes, 64 bytes of headroom and 16 of metadata, so data starts 80 bytes
-// into a frame and a frame holds 1968 bytes of it.
-func validationConfig(multiBuffer bool) Config {
+// bytes, 64 bytes of headroom and 16 of metadata, so DataAddr is 80 bytes
+// into a frame and a frame holds 1968 bytes from there.
+func validationConfig(multiBuffer, zeroCopy bool) Config {
 	return Config{NumFrames: 8, FrameSize: 2048, Headroom: 64, TxMetadataLen: 16, TxSize: 64, CompSize: 64,
-		MultiBuffer: multiBuffer, ringStart: math.MaxUint32 - 20}
+		MultiBuffer: multiBuffer, ZeroCopy: zeroCopy, ringStart: math.MaxUint32 - 20}
 }
 
+// What the kernel does with one TX descriptor, in TestTXValidation.
+const (
+	// outSent: sent (or part of a packet sent) and completed.
+	outSent = 's'
+	// outInvalid: consumed, counted in tx_invalid_descs, never completed
+	// (xskq_cons_is_valid_desc, xsk_drop_skb); Kick stops after it.
+	outInvalid = 'i'
+	// outBadMD: bad metadata on a packet's first descriptor
+	// (tx_bad_metadata). Copy mode: Kick fails with ErrBadMetadata and
+	// leaves the descriptor in the TX ring, to be sent once repaired;
+	// zero-copy: sent without offloads. Completed either way.
+	outBadMD = 'b'
+)
+
 // TestTXValidation submits descriptors the socket must reject, followed by
-// a good one: each bad one is counted under its counter and completed
-// without being sent, in order, and the good one still goes out.
+// a good one, in copy and zero-copy mode, and kicks until every one is
+// consumed: each bad one is counted under its counter as the kernel counts
+// it, only the sent ones are completed, in order, and the good one still
+// goes out. In copy mode a descriptor with bad metadata fails the Kick and
+// stays at the head of the ring: the test repairs it there (clears
+// OptTxMetadata in its ring slot, as an application may: the kernel reads
+// a descriptor it has not consumed again on the next sendto) and it goes
+// out on the next Kick.
 func TestTXValidation(t *testing.T) {
 	const (
 		fs      = 2048
@@ -131,128 +153,303 @@ func TestTXValidation(t *testing.T) {
 		}
 	}
 	type mdDesc struct {
-		d  Desc
-		md func(TxMetadata) // written before d.Addr, if set
+		d   Desc
+		md  func(TxMetadata) // written before d.Addr, if set
+		out byte             // outSent, outInvalid or outBadMD
 	}
-	plain := func(addr uint64, l uint32) mdDesc { return mdDesc{d: Desc{Addr: addr, Len: l}} }
-	opt := func(addr uint64, l, o uint32) mdDesc { return mdDesc{d: Desc{Addr: addr, Len: l, Options: o}} }
-	withMD := func(addr uint64, l uint32, md func(TxMetadata)) mdDesc {
-		return mdDesc{d: Desc{Addr: addr, Len: l, Options: OptTxMetadata}, md: md}
+	plain := func(addr uint64, l uint32, out byte) mdDesc { return mdDesc{d: Desc{Addr: addr, Len: l}, out: out} }
+	opt := func(addr uint64, l, o uint32, out byte) mdDesc {
+		return mdDesc{d: Desc{Addr: addr, Len: l, Options: o}, out: out}
+	}
+	withMD := func(addr uint64, l, o uint32, md func(TxMetadata), out byte) mdDesc {
+		return mdDesc{d: Desc{Addr: addr, Len: l, Options: OptTxMetadata | o}, md: md, out: out}
+	}
+	chain := func(n int) []mdDesc {
+		var ds []mdDesc
+		for i := range n - 1 {
+			ds = append(ds, opt(uint64(i%8)*fs+d0, 60, OptPktContd, outSent))
+		}
+		return append(ds, plain(d0, 60, outSent))
 	}
 	tests := []struct {
 		name        string
 		noMetadata  bool // socket without TxMetadataLen
 		multiBuffer bool
 		descs       []mdDesc
-		invalid     uint64
-		badMD       uint64
-		sent        int
+		sent        int // packets written
 	}{
-		{name: "good", descs: []mdDesc{plain(d0, 100)}, sent: 1},
-		{name: "addr past the UMEM", descs: []mdDesc{plain(size+d0, 100)}, invalid: 1},
-		{name: "addr near 2^64", descs: []mdDesc{plain(math.MaxUint64-50, 40)}, invalid: 1},
-		{name: "addr at the UMEM's end", descs: []mdDesc{plain(size, 1)}, invalid: 1},
-		{name: "len past the frame", descs: []mdDesc{plain(d0, fs-dataOff+1)}, invalid: 1},
-		{name: "len fills the frame", descs: []mdDesc{plain(d0, fs-dataOff)}, sent: 1},
-		{name: "len 2^32-1", descs: []mdDesc{plain(d0, math.MaxUint32)}, invalid: 1},
-		{name: "crosses into the next frame", descs: []mdDesc{plain(fs+1900, 200)}, invalid: 1},
-		{name: "crosses the UMEM's end", descs: []mdDesc{plain(7*fs+1900, 200)}, invalid: 1},
-		{name: "empty", descs: []mdDesc{plain(d0, 0)}, invalid: 1},
-		{name: "in the headroom", descs: []mdDesc{plain(fs+10, 100)}, invalid: 1},
-		{name: "in the metadata area", descs: []mdDesc{plain(fs+70, 100)}, invalid: 1},
-		{name: "unknown option", descs: []mdDesc{opt(d0, 100, 1<<2)}, invalid: 1},
-		{name: "high option bit", descs: []mdDesc{opt(d0, 100, 1<<31)}, invalid: 1},
-		{name: "XDP_PKT_CONTD without MultiBuffer", descs: []mdDesc{opt(d0, 100, OptPktContd)}, invalid: 1},
-		{name: "metadata: unknown flag", descs: []mdDesc{withMD(d0, 100, setMD(1<<2, 0, 0))}, badMD: 1},
-		{name: "metadata: high flag", descs: []mdDesc{withMD(d0, 100, setMD(1<<63|TxmdTimestamp, 0, 0))}, badMD: 1},
-		{name: "metadata: no flags", descs: []mdDesc{withMD(d0, 100, setMD(0, 0, 0))}, sent: 1},
-		{name: "checksum field ends at the data's end", descs: []mdDesc{withMD(d0, 100, setMD(TxmdChecksum, 90, 8))}, sent: 1},
-		{name: "checksum field past the data's end", descs: []mdDesc{withMD(d0, 100, setMD(TxmdChecksum, 90, 9))}, badMD: 1},
-		{name: "checksum start past the data", descs: []mdDesc{withMD(d0, 100, setMD(TxmdChecksum, 200, 0))}, badMD: 1},
-		{name: "checksum offsets 0xffff", descs: []mdDesc{withMD(d0, 1000, setMD(TxmdChecksum, 0xffff, 0xffff))}, badMD: 1},
-		{name: "metadata on a socket without metadata", noMetadata: true, descs: []mdDesc{opt(64, 100, OptTxMetadata)}, badMD: 1},
-		{name: "invalid and metadata: address first", descs: []mdDesc{withMD(size+d0, 100, nil)}, invalid: 1},
+		{name: "good", descs: []mdDesc{plain(d0, 100, 's')}, sent: 1},
+		{name: "addr past the UMEM", descs: []mdDesc{plain(size+d0, 100, 'i')}},
+		{name: "addr near 2^64", descs: []mdDesc{plain(math.MaxUint64-50, 40, 'i')}},
+		{name: "addr at the UMEM's end", descs: []mdDesc{plain(size, 1, 'i')}},
+		{name: "len past the frame", descs: []mdDesc{plain(d0, fs-dataOff+1, 'i')}},
+		{name: "len fills the frame", descs: []mdDesc{plain(d0, fs-dataOff, 's')}, sent: 1},
+		{name: "len 2^32-1", descs: []mdDesc{plain(d0, math.MaxUint32, 'i')}},
+		{name: "crosses into the next frame", descs: []mdDesc{plain(fs+1900, 200, 'i')}},
+		{name: "crosses the UMEM's end", descs: []mdDesc{plain(7*fs+1900, 200, 'i')}},
+		{name: "empty", descs: []mdDesc{plain(d0, 0, 'i')}},
+		{name: "metadata would start in the previous frame", descs: []mdDesc{plain(fs+10, 100, 'i')}},
+		{name: "in the headroom, metadata in the frame", descs: []mdDesc{plain(fs+16, 100, 's')}, sent: 1},
+		{name: "frame start without metadata", noMetadata: true, descs: []mdDesc{plain(fs, 100, 's')}, sent: 1},
+		{name: "unknown option", descs: []mdDesc{opt(d0, 100, 1<<2, 'i')}},
+		{name: "high option bit", descs: []mdDesc{opt(d0, 100, 1<<31, 'i')}},
+		{name: "XDP_PKT_CONTD without MultiBuffer", descs: []mdDesc{opt(d0, 100, OptPktContd, 'i')}},
+		{name: "metadata: unknown flag", descs: []mdDesc{withMD(d0, 100, 0, setMD(1<<2, 0, 0), 'b')}, sent: 1},
+		{name: "metadata: high flag", descs: []mdDesc{withMD(d0, 100, 0, setMD(1<<63|TxmdTimestamp, 0, 0), 'b')}, sent: 1},
+		{name: "metadata: no flags", descs: []mdDesc{withMD(d0, 100, 0, setMD(0, 0, 0), 's')}, sent: 1},
+		{name: "checksum field ends at the data's end", descs: []mdDesc{withMD(d0, 100, 0, setMD(TxmdChecksum, 90, 8), 's')}, sent: 1},
+		{name: "checksum field past the data's end", descs: []mdDesc{withMD(d0, 100, 0, setMD(TxmdChecksum, 90, 9), 'b')}, sent: 1},
+		{name: "checksum start past the data", descs: []mdDesc{withMD(d0, 100, 0, setMD(TxmdChecksum, 200, 0), 'b')}, sent: 1},
+		{name: "checksum offsets 0xffff", descs: []mdDesc{withMD(d0, 1000, 0, setMD(TxmdChecksum, 0xffff, 0xffff), 'b')}, sent: 1},
+		{name: "metadata on a socket without metadata", noMetadata: true, descs: []mdDesc{opt(64, 100, OptTxMetadata, 'b')}, sent: 1},
+		{name: "invalid and metadata: address first", descs: []mdDesc{withMD(size+d0, 100, 0, nil, 'i')}},
 		{name: "several", descs: []mdDesc{
-			plain(size, 10), plain(d0, 100), withMD(fs+d0, 100, setMD(1<<5, 0, 0)), plain(2*fs+d0, 100), opt(3*fs+d0, 10, 1<<7),
-		}, invalid: 2, badMD: 1, sent: 2},
+			plain(size, 10, 'i'), plain(d0, 100, 's'), withMD(fs+d0, 100, 0, setMD(1<<5, 0, 0), 'b'),
+			plain(2*fs+d0, 100, 's'), opt(3*fs+d0, 10, 1<<7, 'i'),
+		}, sent: 3},
 		{name: "multi-buffer: good", multiBuffer: true, descs: []mdDesc{
-			{d: Desc{Addr: d0, Len: 100, Options: OptTxMetadata | OptPktContd}, md: setMD(TxmdChecksum, 34, 6)}, opt(fs+d0, 100, OptPktContd), plain(2*fs+d0, 100),
+			withMD(d0, 100, OptPktContd, setMD(TxmdChecksum, 34, 6), 's'), opt(fs+d0, 100, OptPktContd, 's'), plain(2*fs+d0, 100, 's'),
 		}, sent: 1},
-		{name: "multi-buffer: metadata on the second chunk", multiBuffer: true, descs: []mdDesc{
-			opt(d0, 100, OptPktContd), {d: Desc{Addr: fs + d0, Len: 100, Options: OptTxMetadata | OptPktContd}, md: setMD(0, 0, 0)}, plain(2*fs+d0, 100),
-		}, badMD: 1},
-		{name: "multi-buffer: metadata on the last chunk", multiBuffer: true, descs: []mdDesc{
-			opt(d0, 100, OptPktContd), withMD(fs+d0, 100, setMD(0, 0, 0)),
-		}, badMD: 1},
+		{name: "multi-buffer: metadata on the second chunk ignored", multiBuffer: true, descs: []mdDesc{
+			opt(d0, 100, OptPktContd, 's'), withMD(fs+d0, 100, OptPktContd, setMD(1<<5, 0xffff, 0), 's'), plain(2*fs+d0, 100, 's'),
+		}, sent: 1},
+		{name: "multi-buffer: metadata on the last chunk ignored", multiBuffer: true, descs: []mdDesc{
+			opt(d0, 100, OptPktContd, 's'), withMD(fs+d0, 100, 0, setMD(TxmdChecksum, 0xffff, 0xffff), 's'),
+		}, sent: 1},
+		{name: "multi-buffer: metadata on a socket without metadata, later chunk", noMetadata: true, multiBuffer: true, descs: []mdDesc{
+			opt(64, 100, OptPktContd, 's'), opt(fs+64, 100, OptTxMetadata, 's'),
+		}, sent: 1},
 		{name: "multi-buffer: invalid middle chunk", multiBuffer: true, descs: []mdDesc{
-			opt(d0, 100, OptPktContd), opt(size+d0, 100, OptPktContd), plain(2*fs+d0, 100),
-		}, invalid: 1},
+			// xsk_drop_skb drops the first two; the third is a packet of
+			// its own.
+			opt(d0, 100, OptPktContd, 'i'), opt(size+d0, 100, OptPktContd, 'i'), plain(2*fs+d0, 100, 's'),
+		}, sent: 1},
 		{name: "multi-buffer: checksum past the first chunk", multiBuffer: true, descs: []mdDesc{
-			{d: Desc{Addr: d0, Len: 40, Options: OptTxMetadata | OptPktContd}, md: setMD(TxmdChecksum, 34, 6)}, plain(fs+d0, 100),
-		}, badMD: 1},
+			withMD(d0, 40, OptPktContd, setMD(TxmdChecksum, 34, 6), 'b'), plain(fs+d0, 100, 's'),
+		}, sent: 1},
 		{name: "multi-buffer: unknown option", multiBuffer: true, descs: []mdDesc{
-			opt(d0, 100, OptPktContd|1<<4), plain(fs+d0, 100),
-		}, invalid: 1},
-		{name: "multi-buffer: too many chunks", multiBuffer: true, descs: func() []mdDesc {
-			var ds []mdDesc
-			for i := range MaxFrags + 2 {
-				ds = append(ds, opt(uint64(i%8)*fs+d0, 60, OptPktContd))
-			}
-			return append(ds, plain(d0, 60))
-		}(), invalid: 1},
-		{name: "multi-buffer: MaxFrags chunks", multiBuffer: true, descs: func() []mdDesc {
-			var ds []mdDesc
-			for i := range MaxFrags - 1 {
-				ds = append(ds, opt(uint64(i%8)*fs+d0, 60, OptPktContd))
-			}
-			return append(ds, plain(d0, 60))
-		}(), sent: 1},
+			opt(d0, 100, OptPktContd|1<<4, 'i'), plain(fs+d0, 100, 's'),
+		}, sent: 1},
+		{name: "multi-buffer: MaxFrags+1 chunks", multiBuffer: true, descs: chain(MaxFrags + 1), sent: 1},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cfg := validationConfig(tt.multiBuffer)
-			if tt.noMetadata {
-				cfg.TxMetadataLen = 0
+		for _, zc := range []bool{false, true} {
+			name := tt.name + "/copy"
+			if zc {
+				name = tt.name + "/zerocopy"
 			}
-			w := new(recordWire)
-			s := newTestSocket(t, cfg, w)
-			var descs []Desc
-			for _, md := range tt.descs {
-				if md.md != nil {
-					md.md(s.UMEM().Metadata(md.d.Addr))
+			t.Run(name, func(t *testing.T) {
+				cfg := validationConfig(tt.multiBuffer, zc)
+				if tt.noMetadata {
+					cfg.TxMetadataLen = 0
 				}
-				descs = append(descs, md.d)
+				w := new(recordWire)
+				s := newTestSocket(t, cfg, w)
+				var descs []Desc
+				var invalid, badMD uint64
+				var want []uint64 // completions
+				for _, md := range tt.descs {
+					if md.md != nil {
+						md.md(s.UMEM().Metadata(md.d.Addr))
+					}
+					descs = append(descs, md.d)
+					switch md.out {
+					case outInvalid:
+						invalid++
+					case outBadMD:
+						badMD++
+					}
+					if md.out != outInvalid {
+						want = append(want, md.d.Addr)
+					}
+				}
+				good := place(s, 5, buildFrame(udp4, 60, 1, true).b)
+				descs = append(descs, good)
+				want = append(want, good.Addr)
+				idx := submit(t, s, descs...)
+
+				consumed, einval := 0, uint64(0)
+				for kicks := 0; consumed < len(descs); kicks++ {
+					if kicks > 2*len(descs) {
+						t.Fatalf("%d of %d descriptors consumed after %d Kicks; counters %v", consumed, len(descs), kicks, nonZero(s))
+					}
+					n, err := s.Kick()
+					consumed += n
+					switch {
+					case err == ErrBadMetadata && !zc:
+						if !errors.Is(err, syscall.EINVAL) {
+							t.Errorf("ErrBadMetadata is not EINVAL")
+						}
+						einval++
+						// The descriptor at the head of the ring is the one
+						// with bad metadata: repair it in place.
+						head := s.TX().Entry(idx + uint32(consumed))
+						if tt.descs[consumed].out != outBadMD || head.Options&OptTxMetadata == 0 {
+							t.Fatalf("ErrBadMetadata with descriptor %d (%+v, outcome %c) at the head", consumed, *head, tt.descs[consumed].out)
+						}
+						head.Options &^= OptTxMetadata
+					case err != nil:
+						t.Fatalf("Kick: %v", err)
+					}
+				}
+				if !zc && einval != badMD {
+					t.Errorf("Kicks failed with ErrBadMetadata: %d, want %d", einval, badMD)
+				}
+				if got := reap(s); !slices.Equal(got, want) {
+					t.Errorf("completions: got %x, want %x", got, want)
+				}
+				c := counters(s)
+				if c["tx_invalid_descs"] != invalid || c["tx_bad_metadata"] != badMD {
+					t.Errorf("tx_invalid_descs %d, tx_bad_metadata %d; want %d, %d (counters %v)",
+						c["tx_invalid_descs"], c["tx_bad_metadata"], invalid, badMD, nonZero(s))
+				}
+				frames := w.take()
+				if len(frames) != tt.sent+1 || c["tx_packets"] != uint64(tt.sent+1) {
+					t.Fatalf("frames written: got %d (tx_packets %d), want %d", len(frames), c["tx_packets"], tt.sent+1)
+				}
+				if last := frames[len(frames)-1][vnetHdrLen:]; !bytes.Equal(last, s.UMEM().Data(good.Addr, int(good.Len))) {
+					t.Errorf("last frame written is not the good one")
+				}
+			})
+		}
+	}
+}
+
+// TestTXInvalidNotCompleted pins what an invalid descriptor costs: Kick
+// consumes it, counts it and stops there, as __xsk_generic_xmit ends its
+// pass at one (xskq_cons_peek_desc fails, the descriptor is released); its
+// address never reaches the completion ring, and the next Kick sends the
+// descriptor after it.
+func TestTXInvalidNotCompleted(t *testing.T) {
+	for _, zc := range []bool{false, true} {
+		w := new(recordWire)
+		s := newTestSocket(t, Config{NumFrames: 4, FrameSize: 2048, TxSize: 8, CompSize: 8, ZeroCopy: zc}, w)
+		good := place(s, 1, buildFrame(udp4, 60, 1, true).b)
+		bad := Desc{Addr: s.UMEM().Size() + 64, Len: 60}
+		submit(t, s, bad, good)
+		if n, err := s.Kick(); n != 1 || err != nil {
+			t.Fatalf("zc %v: first Kick consumed %d, %v; want 1, nil", zc, n, err)
+		}
+		if got := reap(s); len(got) != 0 {
+			t.Errorf("zc %v: the invalid descriptor was completed: %x", zc, got)
+		}
+		if free := s.TX().Free(8); free != 7 {
+			t.Errorf("zc %v: TX ring has %d free slots, want 7 (the invalid one released)", zc, free)
+		}
+		if frames := w.take(); len(frames) != 0 {
+			t.Errorf("zc %v: %d frames written before the second Kick, want 0", zc, len(frames))
+		}
+		if n, err := s.Kick(); n != 1 || err != nil {
+			t.Fatalf("zc %v: second Kick consumed %d, %v; want 1, nil", zc, n, err)
+		}
+		if got := reap(s); !slices.Equal(got, []uint64{good.Addr}) {
+			t.Errorf("zc %v: completions %x, want only %x", zc, got, good.Addr)
+		}
+		if c := counters(s); c["tx_invalid_descs"] != 1 || c["tx_packets"] != 1 {
+			t.Errorf("zc %v: counters %v, want tx_invalid_descs 1, tx_packets 1", zc, nonZero(s))
+		}
+	}
+}
+
+// TestTXBadMetadataCopy: in copy mode bad metadata fails the send with
+// EINVAL (xsk_skb_metadata) and the descriptor stays at the head of the TX
+// ring, Kick after Kick, while the packets before it go out; once the
+// application repairs the metadata in the UMEM it is sent as repaired.
+func TestTXBadMetadataCopy(t *testing.T) {
+	w := new(recordWire)
+	s := newTestSocket(t, Config{NumFrames: 4, FrameSize: 2048, TxMetadata: true, CsumOffload: true, TxSize: 8, CompSize: 8}, w)
+	f := buildFrame(udp4, 100, 1, false)
+	good0, good2 := place(s, 0, buildFrame(udp4, 60, 0, true).b), place(s, 2, buildFrame(udp4, 60, 2, true).b)
+	bad := place(s, 1, f.b)
+	bad.Options = OptTxMetadata
+	md := s.UMEM().Metadata(bad.Addr)
+	md.SetFlags(TxmdChecksum | TxmdTimestamp | 1<<9)
+	md.SetChecksumRequest(f.csumStart, f.csumOffset)
+	submit(t, s, good0, bad, good2)
+	for i := range 2 {
+		n, err := s.Kick()
+		if wantN := 1 - i; n != wantN || err != ErrBadMetadata || !errors.Is(err, syscall.EINVAL) {
+			t.Fatalf("Kick %d: consumed %d, %v; want %d, ErrBadMetadata", i, n, err, wantN)
+		}
+	}
+	if free := s.TX().Free(8); free != 6 {
+		t.Errorf("TX ring has %d free slots, want 6 (the bad descriptor and the one after it still in it)", free)
+	}
+	if got := reap(s); !slices.Equal(got, []uint64{good0.Addr}) {
+		t.Errorf("completions %x, want only the first packet's", got)
+	}
+	if frames := w.take(); len(frames) != 1 {
+		t.Errorf("%d frames written, want 1", len(frames))
+	}
+	md.SetFlags(TxmdChecksum | TxmdTimestamp)
+	if n, err := s.Kick(); n != 2 || err != nil {
+		t.Fatalf("Kick after the repair: consumed %d, %v; want 2, nil", n, err)
+	}
+	frames := w.take()
+	if len(frames) != 2 {
+		t.Fatalf("%d frames written after the repair, want 2", len(frames))
+	}
+	var h driver.VirtioNetHdr
+	h.Decode(frames[0])
+	if h.Flags != driver.VirtioNetHdrFNeedsCsum || h.CsumStart != f.csumStart {
+		t.Errorf("repaired packet: virtio-net header %+v, want its checksum offloaded", h)
+	}
+	if got := reap(s); !slices.Equal(got, []uint64{bad.Addr, good2.Addr}) {
+		t.Errorf("completions %x", got)
+	}
+	if c := counters(s); c["tx_bad_metadata"] != 2 || c["tx_timestamps"] != 1 || c["tx_packets"] != 3 || c["tx_invalid_descs"] != 0 {
+		t.Errorf("counters %v, want tx_bad_metadata 2, tx_timestamps 1, tx_packets 3", nonZero(s))
+	}
+}
+
+// TestTXBadMetadataZeroCopy: a zero-copy driver reads the metadata with
+// xsk_buff_get_metadata, which returns none for an unknown flag or a socket
+// without metadata ("no way to signal the error to the user"): the packet
+// goes out without any offload and without a timestamp. A checksum field
+// outside the packet is dropped from the request; its timestamp is still
+// written.
+func TestTXBadMetadataZeroCopy(t *testing.T) {
+	for _, offload := range []bool{false, true} {
+		w := new(recordWire)
+		s := newTestSocket(t, Config{NumFrames: 4, FrameSize: 2048, TxMetadata: true, CsumOffload: offload, ZeroCopy: true}, w)
+		f := buildFrame(udp4, 100, 1, false)
+		var descs []Desc
+		for i, flags := range []uint64{TxmdChecksum | TxmdTimestamp | 1<<9, TxmdChecksum | TxmdTimestamp} {
+			d := place(s, i, f.b)
+			d.Options = OptTxMetadata
+			md := s.UMEM().Metadata(d.Addr)
+			md.SetFlags(flags)
+			md.SetChecksumRequest(f.csumStart, f.csumOffset)
+			if i == 1 {
+				md.SetChecksumRequest(f.csumStart, 200) // past the packet
 			}
-			good := place(s, 5, buildFrame(udp4, 60, 1, true).b)
-			descs = append(descs, good)
-			submit(t, s, descs...)
-			n, err := s.Kick()
-			if err != nil {
-				t.Fatal(err)
+			descs = append(descs, d)
+		}
+		submit(t, s, descs...)
+		if n, err := s.Kick(); n != 2 || err != nil {
+			t.Fatalf("offload %v: Kick consumed %d, %v; want 2, nil", offload, n, err)
+		}
+		frames := w.take()
+		if len(frames) != 2 {
+			t.Fatalf("offload %v: %d frames written, want 2", offload, len(frames))
+		}
+		for i, fr := range frames {
+			if !bytes.Equal(fr[:vnetHdrLen], make([]byte, vnetHdrLen)) || !bytes.Equal(fr[vnetHdrLen:], f.b) {
+				t.Errorf("offload %v: packet %d went out with header %x or changed: want it as submitted, no offload", offload, i, fr[:vnetHdrLen])
 			}
-			if n != len(descs) {
-				t.Errorf("Kick consumed %d descriptors, want %d", n, len(descs))
-			}
-			var want []uint64
-			for _, d := range descs {
-				want = append(want, d.Addr)
-			}
-			if got := reap(s); !slices.Equal(got, want) {
-				t.Errorf("completions: got %x, want %x", got, want)
-			}
-			c := counters(s)
-			if c["tx_invalid_descs"] != tt.invalid || c["tx_bad_metadata"] != tt.badMD {
-				t.Errorf("tx_invalid_descs %d, tx_bad_metadata %d; want %d, %d (counters %v)",
-					c["tx_invalid_descs"], c["tx_bad_metadata"], tt.invalid, tt.badMD, nonZero(s))
-			}
-			frames := w.take()
-			if len(frames) != tt.sent+1 || c["tx_packets"] != uint64(tt.sent+1) {
-				t.Fatalf("frames written: got %d (tx_packets %d), want %d", len(frames), c["tx_packets"], tt.sent+1)
-			}
-			if last := frames[len(frames)-1][vnetHdrLen:]; !bytes.Equal(last, s.UMEM().Data(good.Addr, int(good.Len))) {
-				t.Errorf("last frame written is not the good one")
-			}
-		})
+		}
+		if got := reap(s); !slices.Equal(got, []uint64{descs[0].Addr, descs[1].Addr}) {
+			t.Errorf("offload %v: completions %x", offload, got)
+		}
+		if md := s.UMEM().Metadata(descs[0].Addr); md.CsumStart() != f.csumStart || md.CsumOffset() != f.csumOffset {
+			t.Errorf("offload %v: the unknown-flag packet got a timestamp: metadata %x", offload, []byte(md))
+		}
+		if ts := s.UMEM().Metadata(descs[1].Addr).TxTimestamp(); ts == 0 || ts > s.Now() {
+			t.Errorf("offload %v: timestamp of the packet with a bad checksum request: %d", offload, ts)
+		}
+		if c := counters(s); c["tx_bad_metadata"] != 2 || c["tx_timestamps"] != 1 || c["tx_csum_offload"]+c["tx_csum_sw"] != 0 {
+			t.Errorf("offload %v: counters %v, want tx_bad_metadata 2, tx_timestamps 1, no checksum", offload, nonZero(s))
+		}
 	}
 }
 
@@ -405,9 +602,9 @@ type countingWire struct{ n uint64 }
 func (w *countingWire) Write([]byte) error { w.n++; return nil }
 
 // TestTimestampAfterWrite uses a clock that reads the wire's write count:
-// every packet's timestamp must show at least its own write (i+1 writes),
-// and a batch's packets share one clock read, taken after the batch's last
-// write and before its completions were published.
+// every packet's timestamp is read for it alone after its own write (i+1
+// writes) and before the next, as xsk_destruct_skb stamps each packet at
+// its completion, and before its completion was published.
 func TestTimestampAfterWrite(t *testing.T) {
 	w := new(countingWire)
 	s := newTestSocket(t, Config{NumFrames: 8, FrameSize: 2048, TxMetadata: true,
@@ -434,8 +631,8 @@ func TestTimestampAfterWrite(t *testing.T) {
 		if i == 2 {
 			continue
 		}
-		if ts, want := s.UMEM().Metadata(d.Addr).TxTimestamp(), uint64(len(descs))*1000; ts != want || ts < uint64(i+1)*1000 {
-			t.Errorf("packet %d: timestamp %d, want %d (after all %d writes of the batch)", i, ts, want, len(descs))
+		if ts, want := s.UMEM().Metadata(d.Addr).TxTimestamp(), uint64(i+1)*1000; ts != want {
+			t.Errorf("packet %d: timestamp %d, want %d (after its own write, the %d-th, and before the next)", i, ts, want, i+1)
 		}
 	}
 	if c := counters(s); c["tx_timestamps"] != 5 {
@@ -488,9 +685,9 @@ func TestTimestampsMixedBatch(t *testing.T) {
 	if got := reap(s); len(got) != len(descs) {
 		t.Fatalf("%d completions, want %d", len(got), len(descs))
 	}
-	want := 7000 + uint64(len(pkts)) // one clock read after the batch's writes
 	for i, p := range pkts {
 		md := s.UMEM().Metadata(firsts[i].Addr)
+		want := 7000 + uint64(i+1) // read after the packet's own write, the (i+1)-th
 		switch ts := md.TxTimestamp(); {
 		case p.stamp && ts != want:
 			t.Errorf("packet %d asked for a timestamp: got %d, want %d", i, ts, want)
@@ -543,7 +740,7 @@ func TestTimestampsMonotonic(t *testing.T) {
 // TestMultiBuffer sends a packet in three chunks with a checksum request on
 // the first: the wire gets it whole, checksummed across the chunks. A
 // chain whose end is not submitted yet waits; an oversized chain is
-// dropped to its end, across Kicks.
+// dropped at the limit, and what follows it is a new packet.
 func TestMultiBuffer(t *testing.T) {
 	w := new(recordWire)
 	s := newTestSocket(t, Config{NumFrames: 8, FrameSize: 2048, TxMetadata: true, MultiBuffer: true,
@@ -586,28 +783,35 @@ func TestMultiBuffer(t *testing.T) {
 		t.Errorf("gathered frame differs")
 	}
 
-	// An oversized chain, submitted in two parts with a Kick between.
+	// An oversized chain: at the maxTxDescs-th descriptor with
+	// OptPktContd xsk_build_skb fails with -EOVERFLOW and the packet is
+	// dropped, every descriptor counted and none completed; the ones after
+	// it make a new packet.
 	var chain []Desc
-	for i := range MaxFrags + 1 {
+	for i := range maxTxDescs {
 		chain = append(chain, Desc{Addr: s.UMEM().DataAddr(i % 8), Len: 60, Options: OptPktContd})
 	}
 	submit(t, s, chain...)
-	if n, err := s.Kick(); n != MaxFrags+1 || err != nil {
-		t.Fatalf("Kick of the oversized chain: consumed %d, %v; want %d", n, err, MaxFrags+1)
+	if n, err := s.Kick(); n != maxTxDescs || err != nil {
+		t.Fatalf("Kick of the oversized chain: consumed %d, %v; want %d", n, err, maxTxDescs)
+	}
+	if got := reap(s); len(got) != 0 {
+		t.Errorf("the oversized chain was completed: %x", got)
 	}
 	good := place(s, 7, buildFrame(udp4, 60, 1, true).b)
-	submit(t, s, Desc{Addr: s.UMEM().DataAddr(1), Len: 60, Options: OptPktContd}, Desc{Addr: s.UMEM().DataAddr(2), Len: 60}, good)
+	rest := []Desc{{Addr: s.UMEM().DataAddr(1), Len: 60, Options: OptPktContd}, {Addr: s.UMEM().DataAddr(2), Len: 60}, good}
+	submit(t, s, rest...)
 	if n, err := s.Kick(); n != 3 || err != nil {
-		t.Fatalf("Kick of the chain's end: consumed %d, %v; want 3", n, err)
+		t.Fatalf("Kick after the oversized chain: consumed %d, %v; want 3", n, err)
 	}
-	if got := len(reap(s)); got != MaxFrags+4 {
-		t.Errorf("completions: got %d, want %d", got, MaxFrags+4)
+	if got := reap(s); !slices.Equal(got, []uint64{rest[0].Addr, rest[1].Addr, good.Addr}) {
+		t.Errorf("completions: got %x, want the two packets after the chain", got)
 	}
-	if frames := w.take(); len(frames) != 1 || !bytes.Equal(frames[0][vnetHdrLen:], s.UMEM().Data(good.Addr, int(good.Len))) {
-		t.Errorf("after the oversized chain: %d frames written, want the good one", len(frames))
+	if frames := w.take(); len(frames) != 2 || len(frames[0]) != vnetHdrLen+120 || !bytes.Equal(frames[1][vnetHdrLen:], s.UMEM().Data(good.Addr, int(good.Len))) {
+		t.Errorf("after the oversized chain: %d frames written, want the 2-chunk packet and the good one", len(frames))
 	}
-	if c := counters(s); c["tx_invalid_descs"] != 1 || c["tx_packets"] != 2 {
-		t.Errorf("counters %v, want tx_invalid_descs 1, tx_packets 2", nonZero(s))
+	if c := counters(s); c["tx_invalid_descs"] != maxTxDescs || c["tx_packets"] != 3 {
+		t.Errorf("counters %v, want tx_invalid_descs %d, tx_packets 3", nonZero(s), maxTxDescs)
 	}
 }
 

@@ -17,8 +17,8 @@ type Stats struct {
 	TxCsumOffload atomic.Uint64 // tx_csum_offload: checksum requests handed to the wire as NEEDS_CSUM
 	TxCsumSW      atomic.Uint64 // tx_csum_sw: checksum requests completed in software (XDP_UMEM_TX_SW_CSUM)
 	TxTimestamps  atomic.Uint64 // tx_timestamps: completion timestamps written
-	TxInvalid     atomic.Uint64 // tx_invalid_descs: descriptors rejected for address, length or options (one per oversized multi-buffer packet)
-	TxBadMetadata atomic.Uint64 // tx_bad_metadata: descriptors rejected for their metadata (none reserved, unknown flag, checksum outside the data, on a non-first chunk)
+	TxInvalid     atomic.Uint64 // tx_invalid_descs: descriptors consumed and not completed, as XDP_STATISTICS' tx_invalid_descs: invalid address, length or options, and every descriptor of a multi-buffer packet dropped with one or for too many
+	TxBadMetadata atomic.Uint64 // tx_bad_metadata: bad metadata on a packet's first descriptor (none reserved, unknown flag, checksum outside the descriptor): copy mode, Kicks failed with ErrBadMetadata; zero-copy, packets sent without the offloads
 	TxErrors      atomic.Uint64 // tx_errors: packets the wire's Write failed
 	TxCQFull      atomic.Uint64 // tx_cq_full: times Kick stopped with TX descriptors left because the completion ring was full
 	RxPackets     atomic.Uint64 // rx_packets: frames Receive posted on the RX ring
@@ -52,11 +52,6 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 type txCounts struct {
 	packets, bytes, csumOffload, csumSW, timestamps uint64
 	invalid, badMetadata, errors, cqFull            uint64
-
-	// stamps marks the packets of the current batch that asked for a TX
-	// timestamp, by the index of their first descriptor in the batch
-	// (Socket.stamp); not a counter, reset after each batch.
-	stamps uint64
 }
 
 // addNonZero adds v to c unless it is 0: most counts of a Kick are, and an

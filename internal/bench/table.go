@@ -117,7 +117,7 @@ func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
 // PrintHWGRO prints seed 002's figures: throughput, CPU, frags per
 // packet and the share of payload bytes in page-sized, page-aligned frags.
 func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
-	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tmappable share\tread mapped\tsegs/GRO pkt\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
+	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tflush|miss|space|poll\tmappable share\tread mapped\tsegs/GRO pkt\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		c := m.counters
 		share := "-"
 		if p := c["rx_gro_hw_payload_bytes"]; p > 0 {
@@ -129,8 +129,16 @@ func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
 		if t := c["zc_read_mapped_bytes"] + c["zc_read_copied_bytes"]; t > 0 {
 			read = fmt.Sprintf("%.0f%%", 100*float64(c["zc_read_mapped_bytes"])/float64(t))
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, m.gbps, m.lo, m.hi, m.rxCPUPerGB, m.nic*100,
-			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), share, read,
+		// Why the session packets went up, in percent of them: the
+		// CQE's flush bit (PSH and the like), another session's CQE, no
+		// room (has_enough_space), the end of a poll.
+		ends := "-"
+		if n := c["rx_gro_hw_sessions"]; n > 0 {
+			pc := func(k string) uint64 { return (100*c[k] + n/2) / n }
+			ends = fmt.Sprintf("%d|%d|%d|%d%%", pc("rx_gro_hw_flush_cqe"), pc("rx_gro_hw_flush_mismatch"), pc("rx_gro_hw_flush_space"), pc("rx_gro_hw_flush_poll"))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, m.gbps, m.lo, m.hi, m.rxCPUPerGB, m.nic*100,
+			ratioStr(c["rx_gro_hw_packets"], c["rx_gro_hw_sessions"]), ratioStr(c["rx_gro_hw_frags"], c["rx_gro_hw_sessions"]), ends, share, read,
 			ratioStr(c["rx_gro_packets"], c["rx_gro_skbs"]), m.congestion)
 	})
 }

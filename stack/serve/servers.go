@@ -95,7 +95,8 @@ func timeoutOr(v, def time.Duration) time.Duration {
 	return v
 }
 
-// Stats are the servers' counters: discard's, echo's and iperf3's. The
+// Stats are the servers' counters: discard's, echo's, iperf3's and
+// sockperf's. The
 // servers given the same Stats (in Config.Stats, IPerf3Config.Stats) count
 // into it together, as `ustack run` gives all of its servers one. The zero
 // value is ready to use.
@@ -107,6 +108,9 @@ type Stats struct {
 	bufBytes atomic.Int64
 
 	iperf3HellosRejected, iperf3IdleTimeouts, iperf3ConnsDropped atomic.Uint64
+
+	sockperfMessages, sockperfReplies, sockperfWarmups            atomic.Uint64
+	sockperfBadConns, sockperfBadDatagrams, sockperfUDPSendErrors atomic.Uint64
 }
 
 // EachCounter calls fn for every counter, in a fixed order, named as the
@@ -121,6 +125,12 @@ func (st *Stats) EachCounter(fn func(name string, v uint64)) {
 	fn("iperf3_udp_hellos_rejected", st.iperf3HellosRejected.Load())
 	fn("iperf3_idle_timeouts", st.iperf3IdleTimeouts.Load())
 	fn("iperf3_conns_dropped", st.iperf3ConnsDropped.Load())
+	fn("sockperf_messages", st.sockperfMessages.Load())
+	fn("sockperf_replies", st.sockperfReplies.Load())
+	fn("sockperf_warmups", st.sockperfWarmups.Load())
+	fn("sockperf_bad_conns", st.sockperfBadConns.Load())
+	fn("sockperf_bad_datagrams", st.sockperfBadDatagrams.Load())
+	fn("sockperf_udp_send_errors", st.sockperfUDPSendErrors.Load())
 }
 
 // stats returns c.Stats, or fresh counters if it is nil.
