@@ -3,9 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +42,9 @@ type TrainConn struct {
 	// rmem is the datagrams queued (sk_rmem_alloc): added when a train
 	// is queued, taken off when it is read or released.
 	rmem atomic.Int64
+	// b is ReadTrain's and the batch calls' state (udpbatch.go).
+	b  batchState
+	tx udpSender
 }
 
 // trainQueueDatagrams bounds a TrainConn's queue: 64 full trains of
@@ -67,6 +68,7 @@ func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 		ready: make(chan *bufpool.Packet, trainQueueDatagrams),
 		done:  make(chan struct{}),
 	}
+	c.b.rsem = make(chan struct{}, 1)
 	if err := s.ep.trains.add(c); err != nil {
 		return nil, fmt.Errorf("listen udp trains %s: %w", addr, err)
 	}
@@ -76,32 +78,25 @@ func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 // ReadTrain waits for a train and copies its payload into b (truncated to
 // len(b)). It returns the payload length, the size of each datagram in it
 // (the last one may be shorter), and the sender. After Close it returns
-// net.ErrClosed; past a deadline, os.ErrDeadlineExceeded.
+// net.ErrClosed; past a deadline, os.ErrDeadlineExceeded. If a ReadBatch
+// left a train read in part, ReadTrain returns the rest of it first.
 func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, from netip.AddrPort, err error) {
-	var timeout <-chan time.Time
-	if !deadline.IsZero() {
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		timeout = t.C
+	if err := c.lockRead(deadline); err != nil {
+		return 0, 0, netip.AddrPort{}, err
 	}
-	select {
-	case p := <-c.ready:
-		defer p.Release()
-		c.rmem.Add(-trainCharge(p))
-		l3, l4, _ := udpHeaders(p) // checked when queued
-		hdrLen := l4 + header.UDPMinimumSize
-		total := p.TotalLen() - chainHeaders(p) - hdrLen
-		n = copyAfter(b[:min(len(b), total)], p, hdrLen)
-		segSize = int(p.GSOSize)
-		if p.Segs < 2 || segSize == 0 {
-			segSize = total
-		}
-		return n, segSize, udpSource(p.Linear, l3, l4), nil
-	case <-c.done:
-		return 0, 0, netip.AddrPort{}, net.ErrClosed
-	case <-timeout:
-		return 0, 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+	defer c.unlockRead()
+	if err := c.next(deadline, true); err != nil {
+		return 0, 0, netip.AddrPort{}, err
 	}
+	t := &c.b
+	left := t.total - t.off
+	n = gatherCopy([][]byte{b}, t.cur, t.hdrLen+t.off, min(len(b), left))
+	segSize, from = min(t.segLen, max(left, 1)), t.from
+	if left == 0 {
+		segSize = 0
+	}
+	c.releaseCur()
+	return n, segSize, from, nil
 }
 
 // Drops returns the trains dropped because the queue was full.
@@ -113,14 +108,19 @@ func (c *TrainConn) Close() error {
 	c.closed.Do(func() {
 		c.s.ep.trains.remove(c)
 		close(c.done)
-		for {
+		for drained := false; !drained; {
 			select {
 			case p := <-c.ready:
 				p.Release()
 			default:
-				return
+				drained = true
 			}
 		}
+		// A reader holding the read lock sees done and lets it go.
+		c.b.rsem <- struct{}{}
+		c.releaseCur()
+		<-c.b.rsem
+		c.tx.close()
 	})
 	return nil
 }

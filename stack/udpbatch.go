@@ -1,0 +1,465 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/ustack/ustack/bufpool"
+)
+
+// Message is one datagram of a batch call (TrainConn.ReadBatch,
+// TrainConn.WriteBatch), or with SetGRO one train of same-size datagrams.
+// It mirrors golang.org/x/net/ipv4.Message (and ipv6.Message), the shape
+// quic-go's batch connection uses with recvmmsg and sendmmsg:
+//
+//	x/net ipv4.Message     Message
+//	Buffers [][]byte       Buffers [][]byte: scattered into / gathered from in order
+//	Addr net.Addr          Addr netip.AddrPort: a value, so no allocation per datagram
+//	N int                  N int: bytes read into Buffers, or written from them
+//	OOB, NN                SegSize int: the UDP_GRO control message's value on
+//	                       read (the size of each datagram in the message, the
+//	                       last may be shorter); on write, UDP_SEGMENT's (0: the
+//	                       message is one datagram)
+//	Flags int              Flags int: MsgTrunc when the datagram did not fit
+//
+// so a quic-go style reader that parses UDP_GRO's cmsg out of OOB reads
+// SegSize instead, and no control message is built or parsed.
+type Message struct {
+	Buffers [][]byte
+	Addr    netip.AddrPort
+	N       int
+	SegSize int
+	Flags   int
+}
+
+// MsgTrunc is set in Message.Flags when a datagram was longer than the
+// message's buffers and was cut (recvmsg's MSG_TRUNC, the same value).
+const MsgTrunc = 0x20
+
+// batchState is a TrainConn's state for batch and train reads and for
+// writes.
+type batchState struct {
+	// rsem is the read side's lock, held by one ReadBatch or ReadTrain
+	// at a time; a channel so that waiting for it obeys the deadline and
+	// Close. It guards the fields below up to txMu.
+	rsem chan struct{}
+	// cur is the train being read, taken off the queue (its charge is
+	// already off rmem), with what is known about it: the offset of its
+	// payload, the payload's length, the segment size, the sender, and
+	// how much of the payload has been read.
+	cur                   *bufpool.Packet
+	hdrLen, total, segLen int
+	off                   int
+	from                  netip.AddrPort
+	// timer is the read deadline's, reused from call to call.
+	timer *time.Timer
+	// gro: one train per message (SetGRO).
+	gro atomic.Bool
+}
+
+// udpSender is a TrainConn's sending side (WriteBatch).
+type udpSender struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	ep tcpip.Endpoint // the sending socket, made by the first write
+	// +checklocks:mu
+	wq *waiter.Queue
+	// +checklocks:mu
+	wait waiter.Entry
+	// +checklocks:mu
+	ready chan struct{}
+	// +checklocks:mu
+	pay gatherReader
+	// +checklocks:mu
+	v4 bool // ep is an IPv4 socket
+}
+
+// SetGRO chooses what ReadBatch puts in a message: on, a train of several
+// same-size datagrams with their size in SegSize, as a Linux socket with
+// setsockopt(UDP_GRO, 1) returns them to recvmmsg (udp_recvmsg with the
+// UDP_GRO cmsg, udp_cmsg_recv); off (the default), one datagram per
+// message, as the kernel splits a train for a socket without UDP_GRO
+// (udp_rcv_segment).
+func (c *TrainConn) SetGRO(on bool) { c.b.gro.Store(on) }
+
+// ReadBatch fills up to len(ms) messages with datagrams (with SetGRO,
+// trains), in the order they arrived, and returns how many it filled, as
+// recvmmsg does. It waits for the first until deadline (zero: no deadline),
+// then takes only what is already queued. Each message gets its Buffers
+// filled in order, N, Addr (the sender), SegSize, and Flags (MsgTrunc if
+// the datagram was longer than its buffers: the rest of it is lost).
+//
+// A train read in part stays with the TrainConn for the next call, so
+// nothing is lost when ms is short: with SetGRO, a message gets as many
+// whole datagrams of a train as its buffers hold (at least one), and the
+// rest of the train starts the next message. (The kernel cuts a GRO skb at
+// the buffer's end and sets MSG_TRUNC; a Go caller need not size its
+// buffers for 64 KB to lose nothing.) Memory stays bounded: the queue's
+// bound, plus the one train being read.
+//
+// Errors: net.ErrClosed after Close, os.ErrDeadlineExceeded past the
+// deadline, and only when no message was filled. ReadBatch and ReadTrain
+// may be called from several goroutines; they take turns. No allocation in
+// steady state.
+func (c *TrainConn) ReadBatch(ms []Message, deadline time.Time) (int, error) {
+	if len(ms) == 0 {
+		return 0, nil
+	}
+	if err := c.lockRead(deadline); err != nil {
+		return 0, err
+	}
+	defer c.unlockRead()
+	gro := c.b.gro.Load()
+	n := 0
+	for n < len(ms) {
+		if err := c.next(deadline, n == 0); err != nil {
+			if n > 0 {
+				break
+			}
+			return 0, err
+		}
+		if c.b.cur == nil {
+			break // nothing more queued
+		}
+		c.fill(&ms[n], gro)
+		n++
+	}
+	return n, nil
+}
+
+// fill puts the next datagram of the current train (with gro, the most
+// whole datagrams that fit) into m, and lets the train go when it is read.
+// Called with rsem held and b.cur set.
+func (c *TrainConn) fill(m *Message, gro bool) {
+	b := &c.b
+	left := b.total - b.off
+	room := 0
+	for _, buf := range m.Buffers {
+		room += len(buf)
+	}
+	take := min(b.segLen, left)
+	if gro && room > take {
+		take = min(left, room/b.segLen*b.segLen)
+	}
+	m.N = gatherCopy(m.Buffers, b.cur, b.hdrLen+b.off, min(take, room))
+	m.Addr = b.from
+	m.SegSize = min(b.segLen, take)
+	m.Flags = 0
+	if take > room {
+		m.Flags = MsgTrunc
+	}
+	b.off += take
+	if b.off >= b.total {
+		b.cur.Release()
+		b.cur = nil
+	}
+}
+
+// lockRead takes rsem, waiting at most until deadline, or until Close.
+func (c *TrainConn) lockRead(deadline time.Time) error {
+	select {
+	case c.b.rsem <- struct{}{}:
+		return nil
+	default:
+	}
+	// Another reader holds it: wait with a timer of this call's own (the
+	// shared one is the holder's).
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case c.b.rsem <- struct{}{}:
+		return nil
+	case <-c.done:
+		return net.ErrClosed
+	case <-timeout:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+func (c *TrainConn) unlockRead() { <-c.b.rsem }
+
+// next makes sure b.cur holds a train to read: the one read in part, or
+// the queue's next. If none is queued it waits until deadline when block is
+// set, and else returns with b.cur nil. Called with rsem held.
+func (c *TrainConn) next(deadline time.Time, block bool) error {
+	b := &c.b
+	select {
+	case <-c.done:
+		if b.cur != nil {
+			b.cur.Release() // Close waits for rsem to release it; this is quicker
+			b.cur = nil
+		}
+		return net.ErrClosed
+	default:
+	}
+	if b.cur != nil {
+		return nil
+	}
+	select {
+	case p := <-c.ready:
+		c.take(p)
+		return nil
+	default:
+	}
+	if !block {
+		return nil
+	}
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		d := time.Until(deadline)
+		if d <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		if b.timer == nil {
+			b.timer = time.NewTimer(d)
+		} else {
+			b.timer.Reset(d)
+		}
+		defer b.timer.Stop() // since Go 1.23 no stale tick is left behind
+		timeout = b.timer.C
+	}
+	select {
+	case p := <-c.ready:
+		c.take(p)
+		return nil
+	case <-c.done:
+		return net.ErrClosed
+	case <-timeout:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// take makes p, just off the queue, the current train. Called with rsem
+// held.
+func (c *TrainConn) take(p *bufpool.Packet) {
+	b := &c.b
+	c.rmem.Add(-trainCharge(p))
+	l3, l4, _ := udpHeaders(p) // checked when queued
+	b.cur = p
+	b.hdrLen = l4 + header.UDPMinimumSize
+	b.total = p.TotalLen() - chainHeaders(p) - b.hdrLen
+	b.segLen = int(p.GSOSize)
+	if p.Segs < 2 || b.segLen == 0 || b.segLen > b.total {
+		b.segLen = b.total
+	}
+	if b.segLen == 0 {
+		b.segLen = 1 // an empty datagram: fill advances past it all the same
+	}
+	b.off = 0
+	b.from = udpSource(p.Linear, l3, l4)
+}
+
+// releaseCur lets the current train go (Close). Called with rsem held.
+func (c *TrainConn) releaseCur() {
+	if c.b.cur != nil {
+		c.b.cur.Release()
+		c.b.cur = nil
+	}
+}
+
+// gatherCopy copies n bytes of p, from offset skip of its walk (headers
+// included, chained packets' headers not) on, into bufs in order, and
+// returns the count. p stays the caller's.
+func gatherCopy(bufs [][]byte, p *bufpool.Packet, skip, n int) int {
+	done, bi, bo := 0, 0, 0
+	for w := p.Walk(0); done < n && w.Next(); {
+		s := w.Bytes()
+		if skip >= len(s) {
+			skip -= len(s)
+			continue
+		}
+		s, skip = s[skip:], 0
+		for len(s) > 0 && done < n && bi < len(bufs) {
+			k := copy(bufs[bi][bo:], s[:min(len(s), n-done)])
+			s, done, bo = s[k:], done+k, bo+k
+			if bo == len(bufs[bi]) {
+				bi, bo = bi+1, 0
+			}
+		}
+	}
+	return done
+}
+
+// WriteBatch sends each message's Buffers, gathered, as one datagram from
+// the TrainConn's port to its Addr, in order, and returns how many it sent
+// (sendmmsg), setting each sent message's N. It waits while gVisor's send
+// buffer is full, and stops at the first message that fails, returning the
+// count before it with the error (net.ErrClosed after Close).
+//
+// Each datagram goes through gVisor's UDP endpoint, one packet each:
+// gVisor's UDP has no segmentation offload (its writes never set GSO
+// options, and the link endpoint maps only TCP's to the TAP's virtio-net
+// header), so a message with SegSize set is sent as one datagram too, not
+// as a VIRTIO_NET_HDR_GSO_UDP_L4 super-frame; SegSize is reserved for that
+// and must be 0 or at least the message's length. The first call binds a
+// gVisor UDP socket to the TrainConn's address and port (it receives
+// nothing: the TrainConn takes the port's datagrams first); that fails if
+// another gVisor socket has the port.
+func (c *TrainConn) WriteBatch(ms []Message) (int, error) {
+	t := &c.tx
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.open(c); err != nil {
+		return 0, err
+	}
+	for i := range ms {
+		if err := t.write(&ms[i], c.done); err != nil {
+			return i, err
+		}
+	}
+	return len(ms), nil
+}
+
+// open makes the sending socket of c, bound to its address and port.
+//
+// +checklocks:t.mu
+func (t *udpSender) open(c *TrainConn) error {
+	select {
+	case <-c.done:
+		return net.ErrClosed
+	default:
+	}
+	if t.ep != nil {
+		return nil
+	}
+	ap := netip.AddrPortFrom(c.addr, c.port)
+	fa, proto := c.s.fullAddr(ap)
+	if ap.Addr().IsUnspecified() {
+		fa.Addr = tcpip.Address{} // as ListenUDP binds it
+	}
+	wq := new(waiter.Queue)
+	ep, e := c.s.ip.NewEndpoint(udp.ProtocolNumber, proto, wq)
+	if e != nil {
+		return fmt.Errorf("udp write batch %s: %s", ap, e)
+	}
+	if e := ep.Bind(fa); e != nil {
+		ep.Close()
+		return fmt.Errorf("udp write batch %s: bind: %s", ap, e)
+	}
+	t.ep, t.wq, t.v4 = ep, wq, proto == ipv4.ProtocolNumber
+	t.wait, t.ready = waiter.NewChannelEntry(waiter.WritableEvents)
+	return nil
+}
+
+// write sends one message, waiting while the send buffer is full, until
+// done is closed.
+//
+// +checklocks:t.mu
+func (t *udpSender) write(m *Message, done <-chan struct{}) error {
+	to := m.Addr
+	a := to.Addr()
+	fa := tcpip.FullAddress{Port: to.Port()}
+	switch {
+	case !a.IsValid():
+		return errors.New("udp write batch: no address")
+	case t.v4 && a.Unmap().Is4():
+		fa.Addr = tcpip.AddrFrom4(a.Unmap().As4())
+	case t.v4:
+		return fmt.Errorf("udp write batch to %s: an IPv4 socket", to)
+	default: // an IPv6 socket: IPv4 peers as v4-mapped (dual stack)
+		fa.Addr = tcpip.AddrFrom16(a.As16())
+	}
+	t.pay.reset(m.Buffers)
+	if m.SegSize != 0 && m.SegSize < t.pay.Len() {
+		return errors.New("udp write batch: SegSize smaller than the message: UDP GSO is not supported")
+	}
+	opts := tcpip.WriteOptions{To: &fa}
+	registered := false
+	var err error
+	for {
+		n, e := t.ep.Write(&t.pay, opts)
+		if e == nil {
+			m.N = int(n)
+			break
+		}
+		if _, ok := e.(*tcpip.ErrWouldBlock); !ok {
+			err = fmt.Errorf("udp write batch to %s: %s", to, e)
+			if _, ok := e.(*tcpip.ErrClosedForSend); ok {
+				err = net.ErrClosed
+			}
+			break
+		}
+		if !registered {
+			t.wq.EventRegister(&t.wait)
+			registered = true
+			continue // it may have become writable before we listened
+		}
+		closed := false
+		select {
+		case <-t.ready:
+		case <-done:
+			closed = true
+		}
+		if closed {
+			err = net.ErrClosed
+			break
+		}
+	}
+	if registered {
+		t.wq.EventUnregister(&t.wait)
+	}
+	return err
+}
+
+// close closes the sending socket (TrainConn.Close).
+func (t *udpSender) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ep != nil {
+		t.ep.Close()
+		t.ep = nil
+	}
+}
+
+// gatherReader reads a message's Buffers in order, as gVisor's
+// tcpip.Payloader; it lives in the TrainConn so that a write allocates none.
+type gatherReader struct {
+	bufs [][]byte
+	i, o int
+	n    int // bytes left
+}
+
+func (r *gatherReader) reset(bufs [][]byte) {
+	r.bufs, r.i, r.o, r.n = bufs, 0, 0, 0
+	for _, b := range bufs {
+		r.n += len(b)
+	}
+}
+
+// Len implements tcpip.Payloader.
+func (r *gatherReader) Len() int { return r.n }
+
+// Read implements io.Reader.
+func (r *gatherReader) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, io.EOF
+	}
+	done := 0
+	for done < len(p) && r.i < len(r.bufs) {
+		k := copy(p[done:], r.bufs[r.i][r.o:])
+		done, r.o, r.n = done+k, r.o+k, r.n-k
+		if r.o == len(r.bufs[r.i]) {
+			r.i, r.o = r.i+1, 0
+		}
+	}
+	return done, nil
+}
+
+var _ tcpip.Payloader = (*gatherReader)(nil)
