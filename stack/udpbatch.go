@@ -297,19 +297,22 @@ func gatherCopy(bufs [][]byte, p *bufpool.Packet, skip, n int) int {
 	return done
 }
 
-// WriteBatch sends each message's Buffers, gathered, as one datagram from
-// the TrainConn's port to its Addr, in order, and returns how many it sent
-// (sendmmsg), setting each sent message's N. It waits while gVisor's send
-// buffer is full, and stops at the first message that fails, returning the
-// count before it with the error (net.ErrClosed after Close).
+// WriteBatch sends each message's Buffers, gathered, from the TrainConn's
+// port to its Addr, in order, and returns how many messages it sent
+// (sendmmsg), setting each sent message's N. A message with SegSize set is
+// several datagrams of SegSize bytes each (the last may be shorter), as
+// with Linux's UDP_SEGMENT (udp_send_skb; at most 64 of them, as
+// UDP_MAX_SEGMENTS), so that a batch read with SetGRO can be echoed as it
+// is. WriteBatch waits while gVisor's send buffer is full, and stops at the
+// first message that fails, returning the count before it with the error
+// (net.ErrClosed after Close).
 //
-// Each datagram goes through gVisor's UDP endpoint, one packet each:
+// Each datagram goes through gVisor's UDP endpoint as a packet of its own:
 // gVisor's UDP has no segmentation offload (its writes never set GSO
 // options, and the link endpoint maps only TCP's to the TAP's virtio-net
-// header), so a message with SegSize set is sent as one datagram too, not
-// as a VIRTIO_NET_HDR_GSO_UDP_L4 super-frame; SegSize is reserved for that
-// and must be 0 or at least the message's length. The first call binds a
-// gVisor UDP socket to the TrainConn's address and port (it receives
+// header), so no VIRTIO_NET_HDR_GSO_UDP_L4 super-frame is built, and the
+// kernel behind the TAP gets one frame per datagram. The first call binds
+// a gVisor UDP socket to the TrainConn's address and port (it receives
 // nothing: the TrainConn takes the port's datagrams first); that fails if
 // another gVisor socket has the port.
 func (c *TrainConn) WriteBatch(ms []Message) (int, error) {
@@ -377,20 +380,45 @@ func (t *udpSender) write(m *Message, done <-chan struct{}) error {
 		fa.Addr = tcpip.AddrFrom16(a.As16())
 	}
 	t.pay.reset(m.Buffers)
-	if m.SegSize != 0 && m.SegSize < t.pay.Len() {
-		return errors.New("udp write batch: SegSize smaller than the message: UDP GSO is not supported")
+	total, seg := t.pay.n, m.SegSize
+	if seg <= 0 || seg > total {
+		seg = max(total, 1)
+	}
+	if (total+seg-1)/seg > udpMaxSegments {
+		return fmt.Errorf("udp write batch to %s: %d bytes in segments of %d: more than %d", to, total, m.SegSize, udpMaxSegments)
 	}
 	opts := tcpip.WriteOptions{To: &fa}
+	m.N = 0
+	for {
+		t.pay.limit(seg)
+		if err := t.write1(&opts, done); err != nil {
+			return err
+		}
+		m.N = total - t.pay.n
+		if t.pay.n == 0 {
+			return nil
+		}
+	}
+}
+
+// udpMaxSegments is UDP_MAX_SEGMENTS: udp_send_skb refuses a UDP_SEGMENT
+// send of more datagrams than that with EINVAL.
+const udpMaxSegments = 64
+
+// write1 sends the next datagram of t.pay, waiting while the send buffer
+// is full, until done is closed.
+//
+// +checklocks:t.mu
+func (t *udpSender) write1(opts *tcpip.WriteOptions, done <-chan struct{}) error {
 	registered := false
 	var err error
 	for {
-		n, e := t.ep.Write(&t.pay, opts)
+		_, e := t.ep.Write(&t.pay, *opts)
 		if e == nil {
-			m.N = int(n)
 			break
 		}
 		if _, ok := e.(*tcpip.ErrWouldBlock); !ok {
-			err = fmt.Errorf("udp write batch to %s: %s", to, e)
+			err = fmt.Errorf("udp write batch to %v: %s", opts.To.Addr, e)
 			if _, ok := e.(*tcpip.ErrClosedForSend); ok {
 				err = net.ErrClosed
 			}
@@ -428,37 +456,45 @@ func (t *udpSender) close() {
 	}
 }
 
-// gatherReader reads a message's Buffers in order, as gVisor's
-// tcpip.Payloader; it lives in the TrainConn so that a write allocates none.
+// gatherReader reads a message's Buffers in order, a datagram (limit) at a
+// time, as gVisor's tcpip.Payloader; it lives in the TrainConn so that a
+// write allocates none.
 type gatherReader struct {
 	bufs [][]byte
 	i, o int
-	n    int // bytes left
+	n    int // bytes left in bufs
+	lim  int // bytes left in this datagram
 }
 
 func (r *gatherReader) reset(bufs [][]byte) {
-	r.bufs, r.i, r.o, r.n = bufs, 0, 0, 0
+	r.bufs, r.i, r.o, r.n, r.lim = bufs, 0, 0, 0, 0
 	for _, b := range bufs {
 		r.n += len(b)
 	}
 }
 
+// limit starts the next datagram, of up to seg bytes.
+func (r *gatherReader) limit(seg int) { r.lim = min(seg, r.n) }
+
 // Len implements tcpip.Payloader.
-func (r *gatherReader) Len() int { return r.n }
+func (r *gatherReader) Len() int { return r.lim }
 
 // Read implements io.Reader.
 func (r *gatherReader) Read(p []byte) (int, error) {
-	if r.n == 0 {
+	if r.lim == 0 {
 		return 0, io.EOF
 	}
+	p = p[:min(len(p), r.lim)]
 	done := 0
 	for done < len(p) && r.i < len(r.bufs) {
 		k := copy(p[done:], r.bufs[r.i][r.o:])
-		done, r.o, r.n = done+k, r.o+k, r.n-k
+		done, r.o = done+k, r.o+k
 		if r.o == len(r.bufs[r.i]) {
 			r.i, r.o = r.i+1, 0
 		}
 	}
+	r.n -= done
+	r.lim -= done
 	return done, nil
 }
 

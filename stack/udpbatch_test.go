@@ -393,9 +393,29 @@ func TestWriteBatch(t *testing.T) {
 			t.Fatalf("datagram %d from %v, want 192.0.2.1:9996", i, got)
 		}
 	}
-	bad := []Message{{Buffers: [][]byte{make([]byte, 100)}, Addr: netipAP("192.0.2.2:6000"), SegSize: 10}}
-	if n, err := c.WriteBatch(bad); n != 0 || err == nil {
-		t.Errorf("a message with SegSize below its length: got %d, %v, want 0 and an error", n, err)
+	// SegSize: one message of 100 bytes is datagrams of 30, 30, 30 and 10
+	// bytes (UDP_SEGMENT), gathered across its buffers' boundaries.
+	d := make([]byte, 100)
+	for i := range d {
+		d[i] = byte(i)
+	}
+	gso := []Message{{Buffers: [][]byte{d[:45], d[45:]}, Addr: netipAP("192.0.2.2:6000"), SegSize: 30}}
+	if n, err := c.WriteBatch(gso); n != 1 || err != nil || gso[0].N != 100 {
+		t.Fatalf("WriteBatch with SegSize: got %d, %v, N %d, want 1, nil, 100", n, err, gso[0].N)
+	}
+	for off := 0; off < len(d); off += 30 {
+		pu.SetReadDeadline(time.Now().Add(30 * time.Second))
+		n, _, err := pu.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("segment at %d: %v", off, err)
+		}
+		if want := d[off:min(off+30, len(d))]; !bytes.Equal(buf[:n], want) {
+			t.Fatalf("segment at %d: got %x, want %x", off, buf[:n], want)
+		}
+	}
+	big := []Message{{Buffers: [][]byte{make([]byte, 65*10)}, Addr: netipAP("192.0.2.2:6000"), SegSize: 10}}
+	if n, err := c.WriteBatch(big); n != 0 || err == nil {
+		t.Errorf("65 segments (UDP_MAX_SEGMENTS is 64): got %d, %v, want 0 and an error", n, err)
 	}
 }
 
