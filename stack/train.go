@@ -90,7 +90,7 @@ func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, fro
 	}
 	t := &c.b
 	left := t.total - t.off
-	n = gatherCopy([][]byte{b}, t.cur, t.hdrLen+t.off, min(len(b), left))
+	n = t.consume([][]byte{b}, left)
 	segSize, from = min(t.segLen, max(left, 1)), t.from
 	if left == 0 {
 		segSize = 0

@@ -59,11 +59,14 @@ type batchState struct {
 	// cur is the train being read, taken off the queue (its charge is
 	// already off rmem), with what is known about it: the offset of its
 	// payload, the payload's length, the segment size, the sender, and
-	// how much of the payload has been read.
+	// how much of the payload has been read, and the walk's position
+	// there (the walker, and what is left of its slice).
 	cur                   *bufpool.Packet
 	hdrLen, total, segLen int
 	off                   int
 	from                  netip.AddrPort
+	wk                    bufpool.Walker
+	ws                    []byte
 	// timer is the read deadline's, reused from call to call.
 	timer *time.Timer
 	// gro: one train per message (SetGRO).
@@ -154,7 +157,7 @@ func (c *TrainConn) fill(m *Message, gro bool) {
 	if gro && room > take {
 		take = min(left, room/b.segLen*b.segLen)
 	}
-	m.N = gatherCopy(m.Buffers, b.cur, b.hdrLen+b.off, min(take, room))
+	m.N = b.consume(m.Buffers, take)
 	m.Addr = b.from
 	m.SegSize = min(b.segLen, take)
 	m.Flags = 0
@@ -163,8 +166,7 @@ func (c *TrainConn) fill(m *Message, gro bool) {
 	}
 	b.off += take
 	if b.off >= b.total {
-		b.cur.Release()
-		b.cur = nil
+		c.releaseCur()
 	}
 }
 
@@ -202,10 +204,7 @@ func (c *TrainConn) next(deadline time.Time, block bool) error {
 	b := &c.b
 	select {
 	case <-c.done:
-		if b.cur != nil {
-			b.cur.Release() // Close waits for rsem to release it; this is quicker
-			b.cur = nil
-		}
+		c.releaseCur() // Close waits for rsem to release it; this is quicker
 		return net.ErrClosed
 	default:
 	}
@@ -264,6 +263,7 @@ func (c *TrainConn) take(p *bufpool.Packet) {
 	}
 	b.off = 0
 	b.from = udpSource(p.Linear, l3, l4)
+	b.wk, b.ws = p.Walk(b.hdrLen), nil
 }
 
 // releaseCur lets the current train go (Close). Called with rsem held.
@@ -271,28 +271,34 @@ func (c *TrainConn) releaseCur() {
 	if c.b.cur != nil {
 		c.b.cur.Release()
 		c.b.cur = nil
+		c.b.wk, c.b.ws = bufpool.Walker{}, nil // no pointer into what was released
 	}
 }
 
-// gatherCopy copies n bytes of p, from offset skip of its walk (headers
-// included, chained packets' headers not) on, into bufs in order, and
-// returns the count. p stays the caller's.
-func gatherCopy(bufs [][]byte, p *bufpool.Packet, skip, n int) int {
-	done, bi, bo := 0, 0, 0
-	for w := p.Walk(0); done < n && w.Next(); {
-		s := w.Bytes()
-		if skip >= len(s) {
-			skip -= len(s)
-			continue
+// consume moves past the current train's next n payload bytes, copying
+// them into bufs in order as far as bufs reach, and returns the bytes
+// copied. The walk resumes where the last call stopped, so reading a train
+// datagram by datagram walks it once. Called with rsem held.
+func (b *batchState) consume(bufs [][]byte, n int) int {
+	done, moved, bi, bo := 0, 0, 0, 0
+	for moved < n {
+		if len(b.ws) == 0 {
+			if !b.wk.Next() {
+				break
+			}
+			b.ws = b.wk.Bytes()
 		}
-		s, skip = s[skip:], 0
-		for len(s) > 0 && done < n && bi < len(bufs) {
-			k := copy(bufs[bi][bo:], s[:min(len(s), n-done)])
-			s, done, bo = s[k:], done+k, bo+k
+		s := b.ws[:min(len(b.ws), n-moved)]
+		k := len(s)
+		for len(s) > 0 && bi < len(bufs) {
+			c := copy(bufs[bi][bo:], s)
+			s, done, bo = s[c:], done+c, bo+c
 			if bo == len(bufs[bi]) {
 				bi, bo = bi+1, 0
 			}
 		}
+		b.ws = b.ws[k:]
+		moved += k
 	}
 	return done
 }
