@@ -152,7 +152,43 @@ func TestUDPBatch(t *testing.T) {
 						}
 					}
 				}
-				t.Logf("%d datagrams read by batch, %d written by batch; rx_uso_packets %d, rx_gso_segs %d", count, wbatches*batch, uso, segs)
+
+				// WriteBatch with SegSize (UDP_SEGMENT): 4 messages of 16
+				// datagrams a batch, each message one USO super-frame
+				// where the TAP takes them, which the kernel cuts.
+				gsoBefore := counter(t, r.st, "tx_gso_packets")
+				const gsoMsgs, gsoBatches = 4, 10
+				gms := make([]stack.Message, gsoMsgs)
+				for b := range gsoBatches {
+					for i := range gms {
+						d := make([]byte, size*per)
+						for j := range per {
+							fillDatagram(d[j*size:(j+1)*size], uint32((b*gsoMsgs+i)*per+j))
+						}
+						gms[i] = stack.Message{Buffers: [][]byte{d[:100], d[100:]}, Addr: to, SegSize: size}
+					}
+					if n, err := tc.WriteBatch(gms); n != gsoMsgs || err != nil {
+						t.Fatalf("WriteBatch with SegSize, batch %d: got %d, %v, want %d, nil", b, n, err, gsoMsgs)
+					}
+					for i := range gsoMsgs * per {
+						want := (b*gsoMsgs)*per + i
+						m, _, err := k.ReadFromUDPAddrPort(buf)
+						if err != nil {
+							t.Fatalf("kernel read of segment %d: %v", want, err)
+						}
+						seq, err := parseDatagram(buf[:m])
+						if err != nil || m != size || int(seq) != want {
+							t.Fatalf("kernel got datagram %d (%v) of %d bytes, want %d of %d", seq, err, m, want, size)
+						}
+					}
+				}
+				gso := counter(t, r.st, "tx_gso_packets") - gsoBefore
+				if gso < gsoMsgs*gsoBatches { // TestUDPRxUSO assumes USO too
+
+					t.Errorf("tx_gso_packets: %d more, want at least %d (a super-frame per message)", gso, gsoMsgs*gsoBatches)
+				}
+				t.Logf("%d datagrams read by batch, %d written by batch, %d in %d messages with SegSize (tx_gso_packets %d more); rx_uso_packets %d, rx_gso_segs %d",
+					count, wbatches*batch, gsoBatches*gsoMsgs*per, gsoBatches*gsoMsgs, gso, uso, segs)
 			})
 		}
 	}

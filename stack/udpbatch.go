@@ -14,10 +14,12 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
 )
 
 // Message is one datagram of a batch call (TrainConn.ReadBatch,
@@ -88,6 +90,14 @@ type udpSender struct {
 	pay gatherReader
 	// +checklocks:mu
 	v4 bool // ep is an IPv4 socket
+	// The GSO path's scratch (writeGSO): the headers, the frame's parts,
+	// and the IPv4 ID of the next super-frame.
+	// +checklocks:mu
+	hdr [header.EthernetMinimumSize + header.IPv6MinimumSize + header.UDPMinimumSize]byte
+	// +checklocks:mu
+	parts [][]byte
+	// +checklocks:mu
+	ipID uint16
 }
 
 // SetGRO chooses what ReadBatch puts in a message: on, a train of several
@@ -313,14 +323,16 @@ func (b *batchState) consume(bufs [][]byte, n int) int {
 // first message that fails, returning the count before it with the error
 // (net.ErrClosed after Close).
 //
-// Each datagram goes through gVisor's UDP endpoint as a packet of its own:
-// gVisor's UDP has no segmentation offload (its writes never set GSO
-// options, and the link endpoint maps only TCP's to the TAP's virtio-net
-// header), so no VIRTIO_NET_HDR_GSO_UDP_L4 super-frame is built, and the
-// kernel behind the TAP gets one frame per datagram. The first call binds
-// a gVisor UDP socket to the TrainConn's address and port (it receives
-// nothing: the TrainConn takes the port's datagrams first); that fails if
-// another gVisor socket has the port.
+// A message with several segments goes out as one UDP GSO super-frame
+// (writeGSO) where the wire is a TAP with USO and gVisor's route to Addr
+// is resolved: the kernel behind the TAP cuts it into the datagrams, as a
+// NIC with USO does (tx_gso_packets counts them). Every other datagram
+// goes through gVisor's UDP endpoint as a packet of its own: gVisor's UDP
+// has no segmentation offload (its writes never set GSO options, and the
+// link endpoint maps only TCP's to the virtio-net header). The first call
+// binds a gVisor UDP socket to the TrainConn's address and port (it
+// receives nothing: the TrainConn takes the port's datagrams first); that
+// fails if another gVisor socket has the port.
 func (c *TrainConn) WriteBatch(ms []Message) (int, error) {
 	t := &c.tx
 	t.mu.Lock()
@@ -329,7 +341,7 @@ func (c *TrainConn) WriteBatch(ms []Message) (int, error) {
 		return 0, err
 	}
 	for i := range ms {
-		if err := t.write(&ms[i], c.done); err != nil {
+		if err := t.write(c, &ms[i]); err != nil {
 			return i, err
 		}
 	}
@@ -371,7 +383,8 @@ func (t *udpSender) open(c *TrainConn) error {
 // done is closed.
 //
 // +checklocks:t.mu
-func (t *udpSender) write(m *Message, done <-chan struct{}) error {
+func (t *udpSender) write(c *TrainConn, m *Message) error {
+	done := c.done
 	to := m.Addr
 	a := to.Addr()
 	fa := tcpip.FullAddress{Port: to.Port()}
@@ -393,6 +406,11 @@ func (t *udpSender) write(m *Message, done <-chan struct{}) error {
 	if (total+seg-1)/seg > udpMaxSegments {
 		return fmt.Errorf("udp write batch to %s: %d bytes in segments of %d: more than %d", to, total, m.SegSize, udpMaxSegments)
 	}
+	if seg < total {
+		if ok, err := t.writeGSO(c, m, fa, total, seg); ok || err != nil {
+			return err
+		}
+	}
 	opts := tcpip.WriteOptions{To: &fa}
 	m.N = 0
 	for {
@@ -406,6 +424,121 @@ func (t *udpSender) write(m *Message, done <-chan struct{}) error {
 		}
 	}
 }
+
+// writeGSO sends the message's datagrams, total bytes in segments of seg
+// (at least two), as one UDP GSO super-frame through the TAP's USO offload
+// (VIRTIO_NET_HDR_GSO_UDP_L4, the checksum left partial), as udp_send_skb
+// hands a UDP_SEGMENT send to the device as one SKB_GSO_UDP_L4 skb: the
+// kernel behind the TAP cuts it into the datagrams (__udp_gso_segment).
+// It builds the headers itself, gVisor's UDP having no GSO, from gVisor's
+// route (source address, next hop's MAC). It reports false, having sent
+// nothing, where it cannot: a wire without USO (driver.TAP.USO), a tunnel,
+// a route that is local or not resolved yet (gVisor's own send resolves
+// it), a segment past the MTU, or more than an IP packet holds; the caller
+// then sends the datagrams one by one.
+//
+// +checklocks:t.mu
+func (t *udpSender) writeGSO(c *TrainConn, m *Message, fa tcpip.FullAddress, total, seg int) (bool, error) {
+	st := c.s
+	uso, _ := st.cfg.Wire.(interface{ USO() bool })
+	if st.drv == nil || st.ep.tunnel != nil || uso == nil || !uso.USO() {
+		return false, nil
+	}
+	dst := m.Addr.Addr().Unmap()
+	proto, ipLen := header.IPv6ProtocolNumber, header.IPv6MinimumSize
+	var dstAddr tcpip.Address
+	if dst.Is4() {
+		proto, ipLen = header.IPv4ProtocolNumber, header.IPv4MinimumSize
+		dstAddr = tcpip.AddrFrom4(dst.As4())
+	} else {
+		dstAddr = tcpip.AddrFrom16(dst.As16())
+	}
+	if seg+ipLen+header.UDPMinimumSize > int(st.ep.mtu) || total+ipLen+header.UDPMinimumSize > 0xffff {
+		return false, nil
+	}
+	var local tcpip.Address
+	if c.addr.IsValid() && !c.addr.IsUnspecified() {
+		if a := c.addr.Unmap(); a.Is4() == dst.Is4() {
+			local = tcpip.AddrFromSlice(a.AsSlice())
+		}
+	}
+	r, e := st.ip.FindRoute(nicID, local, dstAddr, proto, false)
+	if e != nil {
+		return false, nil
+	}
+	defer r.Release()
+	if r.Loop() != gstack.PacketOut {
+		return false, nil
+	}
+	var mac tcpip.LinkAddress
+	if e := r.ResolvedFields(func(res gstack.ResolvedFieldsResult) {
+		if res.Err == nil {
+			mac = res.RouteInfo.RemoteLinkAddress
+		}
+	}); e != nil || mac == "" {
+		return false, nil // resolving: called back later, mac unread
+	}
+	h, vh := encodeUDPGSO(t.hdr[:], st.ep.addr, mac, r.LocalAddress(), dstAddr, c.port, fa.Port, total, seg, t.ipID)
+	t.ipID += uint16((total + seg - 1) / seg) // one ID per datagram the kernel cuts
+	parts := append(t.parts[:0], h)
+	for _, b := range m.Buffers {
+		if len(b) > 0 {
+			parts = append(parts, b)
+		}
+	}
+	err := st.drv.Transmit(&vh, parts)
+	clear(parts)
+	t.parts = parts[:0]
+	if err != nil {
+		return true, fmt.Errorf("udp write batch to %s: %w", m.Addr, err)
+	}
+	m.N = total
+	return true, nil
+}
+
+// encodeUDPGSO writes into b the Ethernet, IP (IPv4 when dst is 4 bytes,
+// with ID id) and UDP headers of a UDP GSO super-frame carrying total
+// payload bytes in datagrams of seg, from src to dst, and returns them with
+// the virtio-net header that sends it: VIRTIO_NET_HDR_GSO_UDP_L4 of seg
+// bytes, NEEDS_CSUM from the UDP header on, the UDP checksum field seeded
+// with the pseudo-header's folded sum over the whole length, not inverted,
+// as udp_send_skb's udp4_hwcsum (and udp6_hwcsum_outgoing) leave a
+// CHECKSUM_PARTIAL skb for __udp_gso_segment to cut.
+func encodeUDPGSO(b []byte, srcMAC, dstMAC tcpip.LinkAddress, src, dst tcpip.Address, sport, dport uint16, total, seg int, id uint16) ([]byte, driver.VirtioNetHdr) {
+	proto, ipLen := header.IPv6ProtocolNumber, header.IPv6MinimumSize
+	if dst.Len() == 4 {
+		proto, ipLen = header.IPv4ProtocolNumber, header.IPv4MinimumSize
+	}
+	l3 := header.EthernetMinimumSize
+	l4 := l3 + ipLen
+	h := b[:l4+header.UDPMinimumSize]
+	header.Ethernet(h).Encode(&header.EthernetFields{SrcAddr: srcMAC, DstAddr: dstMAC, Type: proto})
+	udpLen := uint16(header.UDPMinimumSize + total)
+	if proto == header.IPv4ProtocolNumber {
+		ip := header.IPv4(h[l3:l4])
+		ip.Encode(&header.IPv4Fields{
+			TotalLength: uint16(ipLen) + udpLen, ID: id, TTL: 64,
+			Protocol: uint8(header.UDPProtocolNumber), SrcAddr: src, DstAddr: dst,
+		})
+		ip.SetChecksum(^ip.CalculateChecksum())
+	} else {
+		header.IPv6(h[l3:l4]).Encode(&header.IPv6Fields{
+			PayloadLength: udpLen, TransportProtocol: header.UDPProtocolNumber, HopLimit: 64,
+			SrcAddr: src, DstAddr: dst,
+		})
+	}
+	u := header.UDP(h[l4:])
+	u.Encode(&header.UDPFields{SrcPort: sport, DstPort: dport, Length: udpLen})
+	u.SetChecksum(header.PseudoHeaderChecksum(header.UDPProtocolNumber, src, dst, udpLen))
+	return h, driver.VirtioNetHdr{
+		Flags: driver.VirtioNetHdrFNeedsCsum, GSOType: driver.VirtioNetHdrGSOUDPL4,
+		HdrLen: uint16(len(h)), GSOSize: uint16(seg),
+		CsumStart: uint16(l4), CsumOffset: udpChecksumOffset,
+	}
+}
+
+// udpChecksumOffset is where the checksum sits in a UDP header (RFC 768).
+const udpChecksumOffset = 6
 
 // udpMaxSegments is UDP_MAX_SEGMENTS: udp_send_skb refuses a UDP_SEGMENT
 // send of more datagrams than that with EINVAL.

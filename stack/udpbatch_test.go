@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/testutil"
 )
@@ -452,6 +456,51 @@ func TestReadBatchAllocs(t *testing.T) {
 			})
 			if allocs != 0 {
 				t.Errorf("allocations per ReadBatch: got %v, want 0", allocs)
+			}
+		})
+	}
+}
+
+// TestEncodeUDPGSO checks the headers of WriteBatch's UDP GSO super-frame:
+// completing the checksum as NEEDS_CSUM asks (the sum from CsumStart to
+// the end, the seeded field included) gives the super-packet a valid UDP
+// checksum, which is what __udp_gso_segment adjusts for each datagram; the
+// lengths and the IPv4 header checksum are right.
+func TestEncodeUDPGSO(t *testing.T) {
+	payload := make([]byte, 1000)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	for _, tc := range []struct {
+		name     string
+		src, dst tcpip.Address
+	}{
+		{"ipv4", tcpip.AddrFrom4([4]byte{192, 0, 2, 1}), tcpip.AddrFrom4([4]byte{192, 0, 2, 2})},
+		{"ipv6", tcpip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: 1}), tcpip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: 2})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var scratch [header.EthernetMinimumSize + header.IPv6MinimumSize + header.UDPMinimumSize]byte
+			h, vh := encodeUDPGSO(scratch[:], "\x02\x00\x00\x00\x00\x01", "\x02\x00\x00\x00\x00\x02", tc.src, tc.dst, 4433, 5000, len(payload), 300, 7)
+			frame := append(append([]byte(nil), h...), payload...)
+			l4 := int(vh.CsumStart)
+			if vh.GSOType != driver.VirtioNetHdrGSOUDPL4 || vh.GSOSize != 300 || vh.Flags != driver.VirtioNetHdrFNeedsCsum || int(vh.HdrLen) != len(h) || l4 != len(h)-header.UDPMinimumSize || vh.CsumOffset != 6 {
+				t.Fatalf("virtio-net header: got %+v", vh)
+			}
+			u := header.UDP(frame[l4:])
+			if got, want := int(u.Length()), header.UDPMinimumSize+len(payload); got != want {
+				t.Errorf("UDP length: got %d, want %d", got, want)
+			}
+			u.SetChecksum(^checksum.Checksum(frame[l4:], 0)) // what the device completes
+			if !u.IsChecksumValid(tc.src, tc.dst, checksum.Checksum(payload, 0)) {
+				t.Errorf("completed UDP checksum %#x is not valid", u.Checksum())
+			}
+			if tc.dst.Len() == 4 {
+				ip := header.IPv4(frame[header.EthernetMinimumSize:l4])
+				if !ip.IsChecksumValid() || int(ip.TotalLength()) != len(frame)-header.EthernetMinimumSize || ip.ID() != 7 {
+					t.Errorf("IPv4 header: checksum valid %v, total length %d (want %d), ID %d", ip.IsChecksumValid(), ip.TotalLength(), len(frame)-header.EthernetMinimumSize, ip.ID())
+				}
+			} else if got, want := int(header.IPv6(frame[header.EthernetMinimumSize:l4]).PayloadLength()), len(frame)-l4; got != want {
+				t.Errorf("IPv6 payload length: got %d, want %d", got, want)
 			}
 		})
 	}
