@@ -240,7 +240,10 @@ func New(cfg Config, w Wire) (*Socket, error) {
 	if cfg.MultiBuffer {
 		frags = maxTxDescs
 	}
-	s.scratch = make([]byte, vnetHdrLen+frags*s.umem.DataRoom())
+	// A TX descriptor may start anywhere past the metadata (validDesc:
+	// the kernel reserves headroom on RX only), so it may hold up to a
+	// frame less its metadata, more than DataRoom.
+	s.scratch = make([]byte, vnetHdrLen+frags*int(s.umem.frameSize-uint64(s.umem.mdLen)))
 	return s, nil
 }
 
