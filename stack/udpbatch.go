@@ -165,7 +165,7 @@ func (c *TrainConn) fill(m *Message, gro bool) {
 	}
 	take := min(b.segLen, left)
 	if gro && room > take {
-		take = min(left, room/b.segLen*b.segLen)
+		take = max(take, min(left, room/b.segLen*b.segLen))
 	}
 	m.N = b.consume(m.Buffers, take)
 	m.Addr = b.from

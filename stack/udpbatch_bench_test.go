@@ -29,15 +29,7 @@ func BenchmarkUDPRead(b *testing.B) {
 	for _, reader := range []string{"ReadBatch", "ReadBatch-GRO", "ReadTrain", "ReadFrom"} {
 		b.Run(reader, func(b *testing.B) {
 			b.ReportAllocs()
-			a, w := driver.NewMemPair(1024, driver.VirtioNetHdrLen+65535+18)
-			pool := testutil.NewPool(b, bufpool.Config{RingSize: 1 << 15})
-			st, err := New(Config{Wire: a, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")},
-				MAC: [6]byte{2, 0, 0, 0, 0, 1}, Driver: driver.Config{RxUSO: true, MTU: 1500, Pool: pool}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
-			defer w.Close()
+			st, w := usoStack(b, false) // no poison: its writes are no reader's cost
 			dst := netip.MustParseAddrPort("192.0.2.1:7000")
 			var read func() int      // reads, returns the datagrams it got
 			var queued func() int64  // the datagrams queued and not yet read
@@ -98,7 +90,11 @@ func BenchmarkUDPRead(b *testing.B) {
 					return k
 				}
 			}
-			frame := usoFrame(seg, segs, dst)
+			payload := make([]byte, seg*segs)
+			for i := range payload {
+				payload[i] = byte(i)
+			}
+			frame := usoFrame(payload, seg, dst)
 			// refill writes a window of super-frames with the timer
 			// stopped, and waits until the stack has queued them all, so
 			// that the timed reads measure the reader alone.
@@ -134,14 +130,32 @@ func BenchmarkUDPRead(b *testing.B) {
 	}
 }
 
-// usoFrame builds a virtio-net header and an Ethernet frame holding a UDP
-// GSO super-frame (VIRTIO_NET_HDR_GSO_UDP_L4, checksum partial) of segs
-// datagrams of seg bytes from 192.0.2.2:5000 to dst.
-func usoFrame(seg, segs int, dst netip.AddrPort) []byte {
-	payload := make([]byte, seg*segs)
-	for i := range payload {
-		payload[i] = byte(i)
+// usoStack builds a stack at 192.0.2.1/24 with rx-uso on, MTU 1500, over
+// an in-memory wire, and returns it with the wire's other end, into which
+// a test writes frames (usoFrame); poison: the pool poisons pages. Cleanup closes both and checks the pool.
+func usoStack(tb testing.TB, poison bool) (*Stack, *driver.MemWire) {
+	a, w := driver.NewMemPair(1024, driver.VirtioNetHdrLen+65535+18)
+	pool := testutil.NewPool(tb, bufpool.Config{RingSize: 1 << 15, Poison: poison})
+	st, err := New(Config{Wire: a, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")},
+		MAC: [6]byte{2, 0, 0, 0, 0, 1}, Driver: driver.Config{RxUSO: true, MTU: 1500, Pool: pool}})
+	if err != nil {
+		tb.Fatal(err)
 	}
+	tb.Cleanup(func() {
+		st.Close()
+		w.Close()
+		if n := pool.InUse(); n != 0 {
+			tb.Errorf("pages still in use after Close: got %d, want 0", n)
+		}
+	})
+	return st, w
+}
+
+// usoFrame builds a virtio-net header and an Ethernet frame holding a UDP
+// GSO super-frame (VIRTIO_NET_HDR_GSO_UDP_L4, checksum partial) of payload
+// in datagrams of seg bytes (the last may be shorter) from 192.0.2.2:5000
+// to dst.
+func usoFrame(payload []byte, seg int, dst netip.AddrPort) []byte {
 	f := testutil.Frame{
 		Headroom: driver.VirtioNetHdrLen,
 		SrcMAC:   tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 2}), DstMAC: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 1}),

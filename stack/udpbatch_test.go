@@ -132,6 +132,47 @@ func TestReadBatchGRO(t *testing.T) {
 	}
 }
 
+// TestReadBatchGROShortLast: with SetGRO and messages smaller than a
+// datagram, each datagram of a train is cut and flagged, and the train's
+// shorter last datagram, which fits, comes whole. The train is a USO
+// super-frame (rx-uso) of three datagrams of 500 bytes and one of 100.
+func TestReadBatchGROShortLast(t *testing.T) {
+	st, w := usoStack(t, true)
+	dst := netip.MustParseAddrPort("192.0.2.1:9988")
+	c, err := st.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetGRO(true)
+	const size = 500
+	payload := make([]byte, 3*size+100)
+	for i := range payload {
+		payload[i] = byte(i * 13)
+	}
+	if err := w.Write(usoFrame(payload, size, dst)); err != nil {
+		t.Fatal(err)
+	}
+	queuedDatagrams(t, c, 4)
+	ms := batchMsgs(4, 200)
+	for got := 0; got < 4; {
+		n, err := c.ReadBatch(ms, time.Now().Add(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms[:n] {
+			want, flags := payload[got*size:min((got+1)*size, len(payload))], 0
+			if len(want) > 200 {
+				want, flags = want[:200], MsgTrunc
+			}
+			if !bytes.Equal(joined(&m), want) || m.Flags != flags {
+				t.Fatalf("datagram %d: got %d bytes, flags %#x, want %d, %#x", got, m.N, m.Flags, len(want), flags)
+			}
+			got++
+		}
+	}
+}
+
 // TestReadBatchPartial reads a train one message at a time, then the rest
 // with ReadTrain, and checks a datagram longer than its message is cut and
 // flagged while the next one is whole.
