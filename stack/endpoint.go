@@ -60,6 +60,10 @@ type linkEndpoint struct {
 	// +checklocks:txMu
 	parts [][]byte
 
+	// delack holds pure ACKs for the replies to carry (delack.go; nil:
+	// off). Its table is used under txMu.
+	delack *delayedACK
+
 	// zw records the windows ustack advertises (written under txMu)
 	// and hands gVisor the ACKs it would drop at a closed window.
 	zw zeroWindow
@@ -468,7 +472,55 @@ func (e *linkEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 	defer e.txMu.Unlock()
 	if pkt.TransportProtocolNumber == header.TCPProtocolNumber {
 		e.zw.sent(pkt.NetworkHeader().Slice(), pkt.TransportHeader().Slice())
+		if e.delack != nil {
+			var first *delackFlow
+			held := e.delack.onTx(pkt, &h, time.Since(e.epoch).Nanoseconds(), &first)
+			if first != nil {
+				e.transmitLocked(first.pkt, &first.vnet)
+				first.pkt.DecRef()
+			}
+			if held {
+				return nil
+			}
+		}
 	}
+	return e.transmitLocked(pkt, &h)
+}
+
+// startDelayedACK turns delayed ACKs on (Config.DelayedACK).
+func (e *linkEndpoint) startDelayedACK(hold time.Duration) {
+	d := &delayedACK{hold: hold}
+	d.timer = time.AfterFunc(time.Hour, func() {
+		e.txMu.Lock()
+		defer e.txMu.Unlock()
+		d.expired(time.Since(e.epoch).Nanoseconds(), e.sendHeld)
+	})
+	d.timer.Stop()
+	e.delack = d
+}
+
+// sendHeld transmits a held ACK whose time is up: delayedACK.expired's
+// callback, which runs under txMu (the timer's function takes it).
+//
+// +checklocksignore
+func (e *linkEndpoint) sendHeld(p *gstack.PacketBuffer, h *driver.VirtioNetHdr) {
+	e.transmitLocked(p, h)
+}
+
+// stopDelayedACK releases the ACKs still held (the stack is closing).
+func (e *linkEndpoint) stopDelayedACK() {
+	if e.delack == nil {
+		return
+	}
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	e.delack.drop()
+}
+
+// transmitLocked writes pkt with virtio-net header h to the wire.
+//
+// +checklocks:e.txMu
+func (e *linkEndpoint) transmitLocked(pkt *gstack.PacketBuffer, h *driver.VirtioNetHdr) tcpip.Error {
 	parts := e.parts[:0]
 	vl, off := pkt.AsViewList()
 	for v := vl.Front(); v != nil; v = v.Next() {
@@ -480,7 +532,7 @@ func (e *linkEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 		parts = append(parts, s[off:])
 		off = 0
 	}
-	err := e.drv.Transmit(&h, parts)
+	err := e.drv.Transmit(h, parts)
 	for i := range parts {
 		parts[i] = nil
 	}

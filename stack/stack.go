@@ -72,6 +72,11 @@ type Config struct {
 	// GRO: a merged packet is one large frame). PcapWire records the frames
 	// as read from the wire. The Stack does not close them.
 	Pcap, PcapWire *PcapWriter
+	// DelayedACK, if positive, holds the pure ACKs gVisor sends right after
+	// a segment with data, on flows that send data themselves, for up to
+	// this long, so that the application's reply carries the ACK, as
+	// Linux's delayed ACK in pingpong mode (delack.go). 0: every ACK at once.
+	DelayedACK time.Duration
 	// NoGRO turns the GRO engine off (on by default, as `ethtool -K gro`).
 	NoGRO bool
 	// GROFlushTimeout is gro_flush_timeout: 0 flushes GRO at the end of
@@ -210,6 +215,13 @@ func New(cfg Config) (s *Stack, err error) {
 		ep.lend = newLendStats(drv.Pool(), cfg.ZeroCopyMaxLent)
 	}
 	ep.epoch = time.Now()
+	if cfg.DelayedACK < 0 {
+		drv.Close()
+		return nil, fmt.Errorf("stack: delayed ack %v < 0", cfg.DelayedACK)
+	}
+	if cfg.DelayedACK > 0 {
+		ep.startDelayedACK(cfg.DelayedACK)
+	}
 	if !cfg.NoGRO {
 		if cfg.GROFlushTimeout < 0 {
 			drv.Close()
@@ -498,6 +510,9 @@ func (s *Stack) Close() error {
 				}
 			}
 		}
+		if s.ep != nil {
+			s.ep.stopDelayedACK()
+		}
 		if s.drv != nil {
 			err = s.drv.Close()
 		}
@@ -549,6 +564,9 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		}
 		s.views.each(fn)
 		s.ep.zw.each(fn)
+		if s.ep.delack != nil {
+			s.ep.delack.each(fn)
+		}
 		if s.ep.xdp != nil {
 			s.ep.xdpStats.each(fn)
 			s.ep.eachXSK(fn)

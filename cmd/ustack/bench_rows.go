@@ -90,7 +90,8 @@ func cpumapPaths(mtu int) []bench.Row {
 // rrRows are `ustack bench -rr`'s ustack rows: the defaults (bench.RR adds
 // the kernel's row).
 func rrRows(mtu int) []bench.Row {
-	return []bench.Row{row("ustack defaults", basePolicy(mtu))}
+	return []bench.Row{row("ustack defaults", basePolicy(mtu)),
+		row("delayed-ack=1ms", basePolicy(mtu, "delayed-ack=1ms"))}
 }
 
 // row is a bench row measuring ustack with policy p.

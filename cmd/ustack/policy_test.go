@@ -37,6 +37,7 @@ var policyExamples = map[string][]string{
 	"page-size":         {"64k", "4k"},
 	"pool-recycle":      {"off", "on"},
 	"rx-uso":            {"on", "off"},
+	"delayed-ack":       {"1ms", "0s"},
 	"pool-poison":       {"true", "false"},
 	"pool-mem":          {"67108864"},
 	"pool-ring":         {"512"},
