@@ -342,27 +342,21 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 		return
 	}
 	gt := h.GSOType &^ VirtioNetHdrGSOECN
-	if n.d.cfg.LRO && fi.L4 == L4TCP && (gt == VirtioNetHdrGSOTCPv4 || gt == VirtioNetHdrGSOTCPv6) && h.GSOSize > 0 {
+	lro := n.d.cfg.LRO && fi.L4 == L4TCP && (gt == VirtioNetHdrGSOTCPv4 || gt == VirtioNetHdrGSOTCPv6)
+	uso := n.d.cfg.RxUSO && fi.L4 == L4UDP && gt == VirtioNetHdrGSOUDPL4
+	if (lro || uso) && h.GSOSize > 0 {
 		if len(frame) > n.maxFrame {
 			n.dropped(DropTooBig)
 			return
 		}
 		m.csum, m.gsoSize = CsumPartial, h.GSOSize
 		if n.place(frame, nil, m) {
-			st.LROFrames.Add(1)
-			st.LROBytes.Add(uint64(len(frame)))
-		}
-		return
-	}
-	if n.d.cfg.RxUSO && fi.L4 == L4UDP && gt == VirtioNetHdrGSOUDPL4 && h.GSOSize > 0 {
-		if len(frame) > n.maxFrame {
-			n.dropped(DropTooBig)
-			return
-		}
-		m.csum, m.gsoSize = CsumPartial, h.GSOSize
-		if n.place(frame, nil, m) {
-			st.USOFrames.Add(1)
-			st.USOBytes.Add(uint64(len(frame)))
+			frames, bytes := &st.LROFrames, &st.LROBytes
+			if uso {
+				frames, bytes = &st.USOFrames, &st.USOBytes
+			}
+			frames.Add(1)
+			bytes.Add(uint64(len(frame)))
 		}
 		return
 	}

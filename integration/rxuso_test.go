@@ -5,6 +5,7 @@ package integration
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -75,20 +76,7 @@ func TestUDPRxUSO(t *testing.T) {
 							return [][]byte{b[:m]}, nil
 						}
 					}
-					k, err := r.bed.NS.DialUDP(ap)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer k.Close()
-					rc, err := k.SyscallConn()
-					if err != nil {
-						t.Fatal(err)
-					}
-					var serr error
-					rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT, size) })
-					if serr != nil {
-						t.Skipf("UDP_SEGMENT: %v", serr)
-					}
+					k := dialUDPSegment(t, r, ap, size)
 					deadline := time.Now().Add(60 * time.Second)
 					k.SetWriteDeadline(deadline)
 					var sendDone atomic.Bool
@@ -168,4 +156,27 @@ func TestUDPRxUSO(t *testing.T) {
 			}
 		}
 	}
+}
+
+// dialUDPSegment dials ap from the bed's namespace with a kernel UDP socket
+// that sends UDP_SEGMENT super-frames of size-byte datagrams (one USO
+// frame per write through the TAP); the test skips without UDP_SEGMENT.
+// Cleanup closes it.
+func dialUDPSegment(t *testing.T, r *rig, ap netip.AddrPort, size int) *net.UDPConn {
+	t.Helper()
+	k, err := r.bed.NS.DialUDP(ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	rc, err := k.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT, size) })
+	if serr != nil {
+		t.Skipf("UDP_SEGMENT: %v", serr)
+	}
+	return k
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
 )
@@ -46,20 +44,7 @@ func TestUDPBatch(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer tc.Close()
-				k, err := r.bed.NS.DialUDP(ap)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer k.Close()
-				rc, err := k.SyscallConn()
-				if err != nil {
-					t.Fatal(err)
-				}
-				var serr error
-				rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT, size) })
-				if serr != nil {
-					t.Skipf("UDP_SEGMENT: %v", serr)
-				}
+				k := dialUDPSegment(t, r, ap, size)
 				deadline := time.Now().Add(60 * time.Second)
 				k.SetDeadline(deadline)
 
