@@ -44,7 +44,9 @@ func CPUMap(bed *testbed.TAPBed, exe string, paths []Row, dur time.Duration, rou
 		for wi, w := range cpumapWorkloads {
 			for pi, p := range paths {
 				fmt.Fprintf(os.Stderr, "round %d/%d: %s, %s ...\n", r+1, rounds, w.name, p.Name)
-				rate, drop, err := cpumapRun(bed, exe, p, w, dur)
+				var rate, drop float64
+				var err error
+				labelled(func() { rate, drop, err = cpumapRun(bed, exe, p, w, dur) }, "workload", w.name, "row", p.Name)
 				if err != nil {
 					return fmt.Errorf("%s, %s: %w", w.name, p.Name, err)
 				}

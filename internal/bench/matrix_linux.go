@@ -247,7 +247,9 @@ func (e *matrixEnv) setMTU(mtu int) error {
 func (e *matrixEnv) run(cell matrixCell, side Side, round int) matrixRun {
 	r := matrixRun{Cell: cell.Label(), Proto: cell.Proto.Name, Core: cell.Core, MTU: cell.MTU, LRO: cell.LRO, Tunnel: cell.Tunnel,
 		Side: side.Name, Round: round, Unit: cell.Proto.Unit(), PollCPU: -1, ReaderCPU: e.readerCPU[cell.Core]}
-	if err := e.measure(cell, side, &r); err != nil {
+	var err error
+	labelled(func() { err = e.measure(cell, side, &r) }, "cell", cell.Label(), "row", side.Name)
+	if err != nil {
 		r.Error = err.Error()
 	}
 	return r

@@ -29,7 +29,12 @@ const benchPort = 5001
 // sender (`exe send`, exe being the ustack binary, in the bed's namespace;
 // or the iperf3 client with ClientIPerf3) for dur with congestion control
 // cc and writes of wsize bytes, and measures. It needs root.
-func Measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc string, wsize int) (Sample, error) {
+func Measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc string, wsize int) (s Sample, err error) {
+	labelled(func() { s, err = measure(bed, exe, row, dur, cc, wsize) }, "row", row.Name)
+	return s, err
+}
+
+func measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc string, wsize int) (Sample, error) {
 	var s Sample
 	st, err := openTarget(bed, row)
 	if err != nil {

@@ -71,7 +71,7 @@ func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration
 			var s rrSample
 			var err error
 			if i < len(rows) {
-				s, err = rrUstack(bed, exe, rows[i], size, dur)
+				labelled(func() { s, err = rrUstack(bed, exe, rows[i], size, dur) }, "row", name)
 			} else {
 				s, err = rrKernel(bed, rx, exe, size, dur)
 			}
