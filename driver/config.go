@@ -225,6 +225,13 @@ type Config struct {
 	WQEBytes int
 	// HWGRO is hardware GRO (SHAMPO): off, on, or coalesce (seed 002).
 	HWGRO HWGROMode
+	// XDP says an XDP program is attached (the stack's Config.XDP or an
+	// AF_XDP socket's program). As mlx5 with a program: LRO and hardware
+	// GRO are refused (mlx5e_xdp_allowed: "can't set XDP while HW-GRO/LRO
+	// is on"), and the linear RQ gives each frame a whole page with
+	// XDPHeadroom before it (mlx5e_rx_get_linear_stride_sz: "XDP in mlx5e
+	// doesn't support multiple packets per page"; mlx5e_get_linear_rq_headroom).
+	XDP bool
 	// Reservation is the data reservation of one hardware GRO session
 	// (default DefaultReservation).
 	Reservation int
@@ -312,6 +319,9 @@ func (c *Config) setDefaults() error {
 	if c.HWGRO != HWGROOff && c.LRO {
 		return fmt.Errorf("hw-gro and lro: the hardware does one or the other")
 	}
+	if c.XDP && (c.LRO || c.HWGRO != HWGROOff) {
+		return fmt.Errorf("xdp with lro or hw-gro on: can't set XDP while HW-GRO/LRO is on, disable them first (mlx5e_xdp_allowed)")
+	}
 	if c.HWGRO != HWGROOff && c.RingSize > maxHWGRORing {
 		return fmt.Errorf("hw-gro with ring size %d: a CQE's header index is 16 bits (mlx5's header_entry_index), want a ring of at most %d", c.RingSize, maxHWGRORing)
 	}
@@ -381,6 +391,9 @@ const (
 	// mlx5e_get_linear_rq_headroom without XDP, NET_IP_ALIGN (0 on x86)
 	// plus MLX5_RX_HEADROOM (NET_SKB_PAD, 64 with 64-byte cache lines).
 	LinearHeadroom = 64
+	// XDPHeadroom is that headroom with an XDP program attached:
+	// NET_IP_ALIGN plus XDP_PACKET_HEADROOM.
+	XDPHeadroom = 256
 	// skbSharedInfoSize is sizeof(struct skb_shared_info) on x86-64 with
 	// MAX_SKB_FRAGS 17: 48 bytes of fields and 17 16-byte frags.
 	skbSharedInfoSize = 320
@@ -413,16 +426,33 @@ func skbDataAlign(n int) int { return (n + smpCacheBytes - 1) &^ (smpCacheBytes 
 // 2 KB stride, two frames a page; at MTU 4096 or 9000 the frame does not
 // fit a 4 KB page.
 func LinearStride(mtu, pageSize, wqeBytes int, lro bool, hwgro HWGROMode) int {
+	return linearStride(mtu, pageSize, wqeBytes, lro, hwgro, false)
+}
+
+// linearStride is LinearStride, with an XDP program attached when xdp:
+// the headroom is XDPHeadroom and a stride smaller than a page becomes a
+// page (mlx5e_rx_get_linear_stride_sz), so one frame per page: at MTU 1500
+// with 4 KB pages, 256 + 1522 aligned to 1792, plus 320, is 2112, a 4 KB
+// stride. A frame that does not fit takes the nonlinear path, as mlx5's
+// multi-buffer XDP does.
+func linearStride(mtu, pageSize, wqeBytes int, lro bool, hwgro HWGROMode, xdp bool) int {
 	if lro || hwgro != HWGROOff {
 		return 0 // params->packet_merge.type != MLX5E_PACKET_MERGE_NONE
 	}
-	sz := skbDataAlign(LinearHeadroom+mtu+hardMTU) + skbDataAlign(skbSharedInfoSize) // MLX5_SKB_FRAG_SZ
+	hr := LinearHeadroom
+	if xdp {
+		hr = XDPHeadroom
+	}
+	sz := skbDataAlign(hr+mtu+hardMTU) + skbDataAlign(skbSharedInfoSize) // MLX5_SKB_FRAG_SZ
 	if sz > pageSize {
 		return 0
 	}
 	stride := 1
 	for stride < sz {
 		stride <<= 1 // roundup_pow_of_two
+	}
+	if xdp && stride < pageSize {
+		stride = pageSize
 	}
 	logStride, logWQE := 0, 0
 	for 1<<logStride < stride {
@@ -458,7 +488,17 @@ func (c Config) LinearStride() int {
 	if c.Pool != nil {
 		page = c.Pool.PageSize()
 	}
-	return LinearStride(mtu, page, wqe, c.WholeSuperFrames(), c.HWGRO)
+	return linearStride(mtu, page, wqe, c.WholeSuperFrames(), c.HWGRO, c.XDP)
+}
+
+// LinearHeadroom returns the headroom before a frame in a linear stride
+// with c's settings: XDPHeadroom with a program attached, else
+// LinearHeadroom.
+func (c Config) LinearHeadroom() int {
+	if c.XDP {
+		return XDPHeadroom
+	}
+	return LinearHeadroom
 }
 
 // RXPath names the way the driver builds packets with c's settings, as

@@ -38,11 +38,21 @@
 // PagePerFrame always build the nonlinear way (mlx5's cyclic RQ has a
 // linear path too, mlx5e_skb_from_cqe_linear); the linear check assumes a
 // NIC with ext_stride_num_range (ConnectX-6 Dx and later: at least 8
-// strides a WQE) and no XDP program; skb->truesize is not modelled, so
+// strides a WQE); skb->truesize is not modelled, so
 // a linear packet's stride (2 KB for a 1.5 KB frame) is not charged
 // downstream, as the kernel charges it to the socket; a frame whose
 // stride would cross a page (it cannot: strides are powers of two no
 // larger than a page) would fall back to the nonlinear build.
+//
+// XDP (Config.XDP, set by the stack when a program is attached): as mlx5
+// with a program, LRO and hardware GRO are refused (mlx5e_xdp_allowed),
+// and the linear RQ gives every frame a whole page, XDPHeadroom (256)
+// bytes in (mlx5e_rx_get_linear_stride_sz, mlx5e_get_linear_rq_headroom):
+// at MTU 1500 one frame per 4 KB page instead of two. A frame too large
+// for that takes the nonlinear path, as with mlx5's multi-buffer XDP. The
+// program runs on the packet the driver built (the stack's Deliver, as
+// do_xdp_generic), not on the raw stride before the build as mlx5's
+// mlx5e_xdp_handle does; on the linear path the two are the same bytes.
 //
 // LRO sessions: ustack's LRO packet is the sender's TSO frame as one wire
 // read brings it (rx_lro_packets = rx_gso_frames), with the sender's MSS

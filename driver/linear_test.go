@@ -44,6 +44,33 @@ func TestLinearStride(t *testing.T) {
 			}
 		})
 	}
+	// With an XDP program (mlx5e_rx_get_linear_stride_sz): 256 bytes of
+	// headroom, and a stride of a whole page.
+	for _, tc := range []struct {
+		name      string
+		mtu, page int
+		want      int
+	}{
+		{"xdp/mtu-1500", 1500, 4096, 4096},         // 256+1522 -> 1792, +320: 2112 -> 4096
+		{"xdp/mtu-500", 500, 4096, 4096},           // 256+522 -> 832, +320: 1152 -> 2048, raised to the page
+		{"xdp/mtu-3498", 3498, 4096, 4096},         // 256+3520 = 3776, +320: the largest that fits
+		{"xdp/mtu-3499", 3499, 4096, 0},            // fits without XDP (LinearStride: 4096)
+		{"xdp/mtu-1500/64k-pages", 1500, 65536, 0}, // a 64 KB stride is beyond MLX5_MPWQE_LOG_STRIDE_SZ_MAX
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := linearStride(tc.mtu, tc.page, DefaultWQEBytes, false, HWGROOff, true); got != tc.want {
+				t.Errorf("linearStride(%d, %d, xdp): got %d, want %d", tc.mtu, tc.page, got, tc.want)
+			}
+		})
+	}
+	if got := LinearStride(3499, 4096, DefaultWQEBytes, false, HWGROOff); got != 4096 {
+		t.Errorf("LinearStride(3499, 4096) without XDP: got %d, want 4096", got)
+	}
+	for _, c := range []Config{{XDP: true, LRO: true}, {XDP: true, HWGRO: HWGROCoalesce}} {
+		if err := c.setDefaults(); err == nil {
+			t.Errorf("%+v: no error; mlx5e_xdp_allowed refuses XDP with packet merge on", c)
+		}
+	}
 	for _, tc := range []struct {
 		cfg  Config
 		want string
@@ -94,6 +121,10 @@ func TestLinearRx(t *testing.T) {
 		{"mtu-1500", Config{}, true},
 		{"mtu-1500/hds-256", Config{HDS: 256}, true},
 		{"mtu-4096", Config{MTU: 4096}, false},
+		// With an XDP program, one frame per page after 256 bytes of
+		// headroom (mlx5e_rx_get_linear_stride_sz).
+		{"mtu-1500/xdp", Config{XDP: true}, true},
+		{"mtu-4096/xdp", Config{MTU: 4096, XDP: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &headCollector{collector: collector{keep: true}, pages: map[*bufpool.Page]int{}}
@@ -149,17 +180,22 @@ func TestLinearRx(t *testing.T) {
 			if got := st.HDSBytes.Load(); got != 0 {
 				t.Errorf("rx_hds_bytes on the linear path: got %d, want 0 (nothing copied)", got)
 			}
+			stride, hr := 2048, LinearHeadroom
+			if tc.cfg.XDP {
+				stride, hr = 4096, XDPHeadroom
+			}
 			for i, off := range c.offs {
-				if off%2048 != LinearHeadroom {
-					t.Errorf("packet %d: head at page offset %d, want a 2048-byte stride's start + %d", i, off, LinearHeadroom)
+				if int(off)%stride != hr {
+					t.Errorf("packet %d: head at page offset %d, want a %d-byte stride's start + %d", i, off, stride, hr)
 				}
 			}
-			// 2 frames a page: 45 frames in 23 pages.
-			if got, wantPages := len(c.pages), (want+1)/2; got != wantPages {
-				t.Errorf("pages holding the %d frames: got %d, want %d (2 strides a page)", want, got, wantPages)
+			// 2 frames a page, 45 frames in 23 pages; with XDP 1 a page.
+			perPage := 4096 / stride
+			if got, wantPages := len(c.pages), (want+perPage-1)/perPage; got != wantPages {
+				t.Errorf("pages holding the %d frames: got %d, want %d (%d strides a page)", want, got, wantPages, perPage)
 			}
 			if got := st.Strides.Load(); got != uint64(want) {
-				t.Errorf("rx_strides: got %d, want %d (one 2 KB stride a frame)", got, want)
+				t.Errorf("rx_strides: got %d, want %d (one stride a frame)", got, want)
 			}
 		})
 	}

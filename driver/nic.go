@@ -21,6 +21,7 @@ type nicState struct {
 	wqeBytes int // bytes a WQE spans (a striding MPWQE, or one frame's buffer)
 	oneFrame bool
 	linear   int // the linear RQ's stride (Config.LinearStride), 0 for the nonlinear one
+	linearHR int // the headroom before a frame in it (Config.LinearHeadroom)
 	// cyc places the cyclic RQ's frames as mlx4 does (cyclic.go), nil
 	// for the other RQs; slotCost is what each of its frames is charged.
 	cyc      *bufpool.RXFrags
@@ -107,7 +108,7 @@ func (n *nicState) init(d *Driver) {
 	n.tunLocal = d.cfg.Tunnel.locals()
 	n.wireMax = d.cfg.MTU + header.EthernetMinimumSize + hdr.VLANTagLen
 	n.wqeBytes = d.cfg.WQEBytes
-	n.linear = d.cfg.LinearStride()
+	n.linear, n.linearHR = d.cfg.LinearStride(), d.cfg.LinearHeadroom()
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
 		// One buffer per frame, sized for the largest frame, starting on
 		// a fresh page.
@@ -468,14 +469,14 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 	}
 	size := len(a) + len(b)
 	// The linear RQ (mlx5e_rx_mpwqe_is_linear_skb) gives every frame one
-	// stride of n.linear bytes: LinearHeadroom, the frame, and room for
+	// stride of n.linear bytes: n.linearHR of headroom, the frame, room for
 	// skb_shared_info, so that the driver builds the packet over it
 	// (mlx5e_skb_from_cqe_mpwrq_linear). Strides are a power of two no
 	// larger than a page, and pages start at multiples of 4 KB in the
 	// WQE: a stride never spans two pages.
 	hr, strideSize := 0, d.cfg.StrideSize
 	if n.linear > 0 {
-		hr, strideSize = LinearHeadroom, n.linear
+		hr, strideSize = n.linearHR, n.linear
 	}
 	if n.posted && n.off+hr+size > n.wqe.size {
 		n.retire() // the rest of the WQE is skipped, as mlx5's filler CQE does

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/cpumap"
-	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
 )
 
@@ -15,31 +14,37 @@ import (
 // frame is redirected by the hash program from the poll loop to one of two
 // workers, which run their own GRO (or not) and deliver to gVisor, each
 // round as one list, the NIC's checksum status dropped and checked again.
+// With the program attached the RQ is mlx5's with XDP: at MTU 1500 one
+// frame per page on the linear path, at MTU 9000 the nonlinear path.
 func TestCPUMapBulk(t *testing.T) {
 	needRoot(t)
 	for i, tc := range []struct {
-		v6, lro, noGRO bool
+		v6, noGRO bool
+		mtu       int
 	}{
-		{false, false, false},
-		{true, false, true},
-		{false, true, false},
+		{false, false, 1500},
+		{true, true, 1500},
+		{false, false, 9000},
 	} {
-		name := fmt.Sprintf("%s/lro-%v/cpumap-gro-%v", family(tc.v6), tc.lro, !tc.noGRO)
+		name := fmt.Sprintf("%s/mtu-%d/cpumap-gro-%v", family(tc.v6), tc.mtu, !tc.noGRO)
 		t.Run(name, func(t *testing.T) {
 			prog, err := cpumap.ParseProgram("hash", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := newRigConfig(t, fmt.Sprintf("usit-cpumap%d", i), 1500, stack.Config{
-				Driver: driver.Config{LRO: tc.lro}, XDP: prog, CPUMap: []int{0, 1}, NoCPUMapGRO: tc.noGRO,
+			r := newRigConfig(t, fmt.Sprintf("usit-cpumap%d", i), tc.mtu, stack.Config{
+				XDP: prog, CPUMap: []int{0, 1}, NoCPUMapGRO: tc.noGRO,
 			})
 			kernelToStack(t, r, tc.v6, 5001, 64<<20, uint64(40+i))
 			c := counters(r.st)
 			if c["rx_xdp_redirect"] == 0 || c["cpumap_worker_frames"] == 0 {
 				t.Errorf("rx_xdp_redirect %d, cpumap_worker_frames %d: want both > 0", c["rx_xdp_redirect"], c["cpumap_worker_frames"])
 			}
-			if !tc.noGRO && !tc.lro && c["cpumap_rx_gro_skbs"] == 0 {
+			if !tc.noGRO && c["cpumap_rx_gro_skbs"] == 0 {
 				t.Errorf("cpumap_rx_gro_skbs: got 0, want > 0")
+			}
+			if linear := tc.mtu == 1500; (c["rx_skb_linear"] > 0) != linear || (c["rx_skb_nonlinear"] > 0) == linear {
+				t.Errorf("rx_skb_linear %d, rx_skb_nonlinear %d: want only the %s path at MTU %d", c["rx_skb_linear"], c["rx_skb_nonlinear"], map[bool]string{true: "linear", false: "nonlinear"}[linear], tc.mtu)
 			}
 			// The worker takes each round as one list and checks in
 			// software the checksums of each frame the NIC vouched for

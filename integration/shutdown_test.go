@@ -40,7 +40,8 @@ func TestShutdownMidTransfer(t *testing.T) {
 		sc   stack.Config
 	}{
 		{"lro", stack.Config{Driver: driver.Config{LRO: true}}},
-		{"hw-gro/cpumap", stack.Config{Driver: driver.Config{HWGRO: driver.HWGROOn}, XDP: hash, CPUMap: []int{0, 1}}},
+		{"hw-gro", stack.Config{Driver: driver.Config{HWGRO: driver.HWGROOn}}},
+		{"cpumap", stack.Config{XDP: hash, CPUMap: []int{0, 1}}},
 		{"no-recycle/small-pool", stack.Config{Driver: driver.Config{}, Pool: bufpool.Config{NoRecycle: true, MaxPages: 512}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

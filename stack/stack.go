@@ -175,6 +175,7 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	dc := cfg.Driver
 	dc.MAC = cfg.MAC
+	dc.XDP = cfg.XDP != nil
 	dc.Multicast = multicastMACs(cfg.Addrs)
 	if t := cfg.Tunnel; t != nil {
 		if err := t.validate(cfg.Addrs); err != nil {

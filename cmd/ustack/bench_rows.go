@@ -75,9 +75,11 @@ func basePolicy(mtu int, settings ...string) policy {
 // redirected from the poll loop (NIC and poll loop on CPU 0) to a cpumap
 // worker on CPU 1, with its GRO off and on; last, no cpumap with GRO off,
 // what cpumap GRO off must carry at least. bench.CPUMap compares with
-// paths[1].
+// paths[1]. Every row runs with LRO off: mlx5 refuses XDP while LRO is on
+// (mlx5e_xdp_allowed), and the rows without cpumap are to differ from the
+// others only in the redirect.
 func cpumapPaths(mtu int) []bench.Row {
-	pinned := []string{"nic-cpu=0", "poll-cpu=0"}
+	pinned := []string{"lro=off", "nic-cpu=0", "poll-cpu=0"}
 	rows := []bench.Row{row("no cpumap", basePolicy(mtu, pinned...))}
 	for _, g := range []string{"off", "on"} {
 		p := basePolicy(mtu, append(pinned, "xdp=cpu:0", "cpumap=1", "cpumap-gro="+g)...)

@@ -147,7 +147,7 @@ var policies = []policySwitch{
 		usage: "with -tunnel ip6tnl: ustack's inner address with its prefix, routed through the tunnel (repeatable)",
 		bind:  func(p *policy) any { return (*prefixList)(&p.tun.Addrs) }},
 	{name: "xdp", values: "PROG", def: "", kernel: "ip link set xdp",
-		usage: "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none)",
+		usage: "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none). Needs -lro off and -hw-gro off (mlx5e_xdp_allowed); the linear RQ then gives each frame a 4 KB page with 256 bytes of headroom, as mlx5 with XDP",
 		bind:  func(p *policy) any { return (*text)(&p.xdp) }},
 	{name: "cpumap", values: "LIST", def: "", kernel: "BPF_MAP_TYPE_CPUMAP",
 		usage: "CPU list of the cpumap entries that redirects go to, e.g. 0,1 (empty: no cpumap)",
@@ -305,6 +305,9 @@ func (p *policy) finish() (stack.Config, error) {
 		c.Tunnel = &t
 	}
 	if p.xdp != "" {
+		if c.Driver.LRO || c.Driver.HWGRO != driver.HWGROOff {
+			return c, errors.New("-xdp needs -lro off and -hw-gro off: mlx5 refuses an XDP program while LRO or hardware GRO is on (mlx5e_xdp_allowed)")
+		}
 		var err error
 		if c.XDP, err = cpumap.ParseProgram(p.xdp, max(1, len(c.CPUMap))); err != nil {
 			return c, err

@@ -77,7 +77,7 @@ func TestPolicyTableRoundTrip(t *testing.T) {
 			for _, v := range append(vals, e.def) {
 				set := []string{e.name + "=" + v}
 				if e.name == "xdp" {
-					set = append(set, "cpumap=0,1")
+					set = append(set, "cpumap=0,1", "lro=off")
 				}
 				p, err := policyFromSettings(set)
 				if err != nil {
@@ -88,7 +88,7 @@ func TestPolicyTableRoundTrip(t *testing.T) {
 					t.Errorf("%s: got %q back", set, got)
 				}
 				for _, f := range policies { // and in a field of its own
-					if got := f.value(&q); f.name != e.name && got != f.def && !(e.name == "xdp" && f.name == "cpumap") {
+					if got := f.value(&q); f.name != e.name && got != f.def && !(e.name == "xdp" && (f.name == "cpumap" || f.name == "lro")) {
 						t.Errorf("%s: -%s changed to %q", set, f.name, got)
 					}
 				}
@@ -117,10 +117,16 @@ func TestPolicyTableRoundTrip(t *testing.T) {
 			t.Errorf("%s: no error", bad)
 		}
 	}
-	if p, err := policyFromSettings([]string{"xdp=cpu:2", "cpumap=0,1"}); err != nil {
-		t.Error(err)
-	} else if _, err := p.finish(); err == nil {
-		t.Error("xdp=cpu:2 with 2 cpumap entries: no error")
+	for _, set := range [][]string{
+		{"xdp=cpu:2", "cpumap=0,1", "lro=off"}, // no entry 2
+		{"xdp=hash", "cpumap=0,1"},             // LRO on: mlx5e_xdp_allowed refuses
+		{"xdp=pass", "lro=off", "hw-gro=on"},   // and so with hardware GRO
+	} {
+		if p, err := policyFromSettings(set); err != nil {
+			t.Error(err)
+		} else if _, err := p.finish(); err == nil {
+			t.Errorf("%s: finish: no error", set)
+		}
 	}
 }
 
