@@ -151,6 +151,10 @@ type Config struct {
 //     order-0 ones.
 //   - rx_pp_alloc_slow_high_order (AllocSlowHighOrder): those of order > 0.
 //     Kernel: the same.
+//   - rx_pp_alloc_slow_freed (AllocSlowFreed): of AllocSlow, those whose
+//     memory came from the page allocator's free lists (freePages: a page
+//     of the same size released earlier), not from a new Go allocation.
+//     Kernel: alloc_pages served from the buddy allocator's per-CPU lists.
 //   - rx_pp_alloc_empty (AllocEmpty): Gets that failed with ErrExhausted.
 //     Kernel: the ptr_ring was empty and forced a slow allocation; its
 //     failures are not counted.
@@ -214,6 +218,7 @@ type Stats struct {
 	AllocFast          uint64
 	AllocSlow          uint64
 	AllocSlowHighOrder uint64
+	AllocSlowFreed     uint64
 	AllocEmpty         uint64
 	AllocRefill        uint64
 	AllocWaive         uint64
@@ -246,6 +251,7 @@ func (s Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_pp_alloc_fast", s.AllocFast)
 	fn("rx_pp_alloc_slow", s.AllocSlow)
 	fn("rx_pp_alloc_slow_high_order", s.AllocSlowHighOrder)
+	fn("rx_pp_alloc_slow_freed", s.AllocSlowFreed)
 	fn("rx_pp_alloc_empty", s.AllocEmpty)
 	fn("rx_pp_alloc_refill", s.AllocRefill)
 	fn("rx_pp_alloc_waive", s.AllocWaive)
@@ -308,10 +314,10 @@ type Pool struct {
 
 	_ [cacheLine]byte
 	// Written by the owner only.
-	fast, slow, slowHigh, empty, refill, waive atomic.Uint64
-	cached, ringFull, fallbacks, recoveries    atomic.Uint64
-	lentBusy, skipHeld, releaseHeld, parkHeld  atomic.Uint64
-	allocPages, cacheReuse, cacheBusy          atomic.Uint64 // GetUnit's and RXFrags'
+	fast, slow, slowHigh, slowFreed, empty, refill, waive atomic.Uint64
+	cached, ringFull, fallbacks, recoveries               atomic.Uint64
+	lentBusy, skipHeld, releaseHeld, parkHeld             atomic.Uint64
+	allocPages, cacheReuse, cacheBusy                     atomic.Uint64 // GetUnit's and RXFrags'
 
 	_ [cacheLine]byte
 	// Written by whoever releases a page, and by the owner's allocations.
@@ -337,6 +343,7 @@ type Page struct {
 	// heldFor counts the Gets that found the page held near the head of
 	// the ring, up to stuckGets; the owner's.
 	heldFor uint16
+	unit    bool // a unit of a split high-order allocation (GetUnit)
 	buf     []byte
 	mem     any // Config.Memory's handle
 	pool    *Pool
@@ -681,7 +688,13 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 	for {
 		size := p.base << order
 		if p.mem == nil {
-			pg = &Page{buf: make([]byte, size), pool: p, poison: p.poison}
+			buf := takeFree(size, p.poison)
+			if buf != nil {
+				p.slowFreed.Add(1)
+			} else {
+				buf = make([]byte, size)
+			}
+			pg = &Page{buf: buf, pool: p, poison: p.poison}
 			break
 		}
 		b, h := p.mem.Alloc(size)
@@ -760,11 +773,12 @@ func (p *Pool) GetUnit() (*Page, error) {
 	for i := n - 1; i >= 1; i-- {
 		u := &units[i-1]
 		u.buf = buf[i*p.base : (i+1)*p.base : (i+1)*p.base]
-		u.pool, u.poison = p, p.poison
+		u.pool, u.poison, u.unit = p, p.poison, true
 		u.state.Store(1)
 		p.units = append(p.units, u)
 	}
 	pg.buf = buf[:p.base:p.base]
+	pg.unit = true
 	p.inUse.Add(int64(n - 1))
 	return pg, nil
 }
@@ -849,6 +863,7 @@ func (p *Pool) Stats() Stats {
 		AllocFast:          fast,
 		AllocSlow:          p.slow.Load(),
 		AllocSlowHighOrder: p.slowHigh.Load(),
+		AllocSlowFreed:     p.slowFreed.Load(),
 		AllocEmpty:         p.empty.Load(),
 		AllocRefill:        p.refill.Load(),
 		AllocWaive:         p.waive.Load(),
@@ -923,7 +938,8 @@ func (pg *Page) DecRef() {
 		panic("bufpool: DecRef dropped the pool's reference on a page in its ring")
 	}
 	p := pg.pool
-	if pg.lent.Load() {
+	lent := pg.lent.Load()
+	if lent {
 		// Nobody else can clear it: the page has no holder left.
 		pg.lent.Store(false)
 		p.lentOut.Add(-1)
@@ -931,11 +947,20 @@ func (pg *Page) DecRef() {
 	p.released.Add(1)
 	p.inUse.Add(-1)
 	p.bytesHeld.Add(-int64(len(pg.buf)))
-	if p.mem != nil {
+	switch {
+	case p.mem != nil:
 		h := pg.mem
 		pg.buf, pg.mem, pg.pool = nil, nil, nil
 		pageStructs.Put(pg)
 		p.mem.Free(h)
+	case !lent && !pg.unit:
+		// A heap page lent without a Memory may still be read by its
+		// borrower through a slice: only the GC can tell when it is not.
+		// A unit of a split allocation shares its backing array with the
+		// others: it goes back to the GC with them.
+		buf := pg.buf
+		pg.buf = nil
+		putFree(buf, pg.poison)
 	}
 }
 
@@ -986,15 +1011,23 @@ const poisonByte = 0x6b // the kernel's POISON_FREE
 var poisonChunk = bytes.Repeat([]byte{poisonByte}, 4096)
 
 func (pg *Page) fillPoison() {
-	for off := 0; off < len(pg.buf); {
-		off += copy(pg.buf[off:], poisonChunk)
-	}
+	fillPoisoned(pg.buf)
 	pg.poisoned = true
 }
 
-func (pg *Page) checkPoison() {
-	for off := 0; off < len(pg.buf); off += len(poisonChunk) {
-		b := pg.buf[off:min(off+len(poisonChunk), len(pg.buf))]
+func fillPoisoned(buf []byte) {
+	for off := 0; off < len(buf); {
+		off += copy(buf[off:], poisonChunk)
+	}
+}
+
+func (pg *Page) checkPoison() { checkPoisoned(pg.buf) }
+
+// checkPoisoned panics if buf, filled with the poison pattern when it was
+// freed, was written since.
+func checkPoisoned(buf []byte) {
+	for off := 0; off < len(buf); off += len(poisonChunk) {
+		b := buf[off:min(off+len(poisonChunk), len(buf))]
 		if bytes.Equal(b, poisonChunk[:len(b)]) {
 			continue
 		}
