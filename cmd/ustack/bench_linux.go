@@ -27,6 +27,7 @@ func benchCmd(args []string) error {
 		wsize   = fs.Int("w", 64<<10, "sender write size")
 		mtu     = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
 		stock   = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
+		kernel  = fs.Bool("kernel", true, "add a row for the kernel's TCP over a veth pair from the sender's namespace, the same sender and discard reader (not with -client iperf3, -pool or -hwgro)")
 		pool    = fs.Bool("pool", false, "measure page recycling (seed 001) on the cyclic RQ (mlx4's ring): recycle off (an order-0 page per RX slot, as mlx4 before the patch) and on (frames packed into pages, a quarantine half, high-order allocations split into order-0 units) at 4k/64k pages, LRO off")
 		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
@@ -77,6 +78,9 @@ func benchCmd(args []string) error {
 	if *stock {
 		rows = append(rows, bench.Row{Name: "gVisor stock fdbased", Stock: true, MTU: *mtu})
 	}
+	if *pool || *hwgro || *client == bench.ClientIPerf3 {
+		*kernel = false
+	}
 	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "ustack-bench", MTU: *mtu})
 	if err != nil {
 		return err
@@ -84,6 +88,16 @@ func benchCmd(args []string) error {
 	stopSig := testbed.CleanupOnSignal(bed)
 	defer stopSig()
 	defer bed.Close()
+	var peer *bench.KernelPeer
+	if *kernel && !*rr && !*cpump {
+		if peer, err = bench.NewKernelPeer(bed, *mtu); err != nil {
+			return err
+		}
+		stopPeerSig := testbed.CleanupOnSignal(peer.Netns())
+		defer stopPeerSig()
+		defer peer.Close()
+		rows = append(rows, bench.Row{Name: "kernel over veth", Kernel: true, MTU: *mtu})
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -122,7 +136,7 @@ func benchCmd(args []string) error {
 	for r := 0; r < *rounds; r++ {
 		for i, row := range rows {
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s ...\n", r+1, *rounds, row.Name)
-			s, err := bench.Measure(bed, exe, row, *dur, *cc, *wsize)
+			s, err := bench.Measure(bed, peer, exe, row, *dur, *cc, *wsize)
 			if err != nil {
 				return fmt.Errorf("%s: %w", row.Name, err)
 			}

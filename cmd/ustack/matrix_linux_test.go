@@ -151,3 +151,56 @@ func TestBenchRR(t *testing.T) {
 		t.Errorf("namespaces left: %s", ns)
 	}
 }
+
+// TestBenchKernelRow runs `ustack bench` for one short round: the kernel's
+// row over a veth is there by default, every ustack row has its ratio to
+// it, and the kernel peer's namespace is gone after.
+func TestBenchKernelRow(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
+	}
+	bin := filepath.Join(t.TempDir(), "ustack")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Skipf("cannot build ustack (%v): %s", err, out)
+	}
+	cmd := exec.Command(bin, "bench", "-t", "300ms", "-rounds", "1", "-stock=false")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var ustackRows, kernelRows int
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		// name..., Gbit/s, (min-max), x kernel, x stock, ...
+		var at int
+		switch {
+		case strings.HasPrefix(strings.TrimSpace(l), "ustack lro="):
+			ustackRows++
+			at = 6 // "ustack" and the five summary switches
+		case strings.HasPrefix(strings.TrimSpace(l), "kernel over veth"):
+			kernelRows++
+			at = 3
+		default:
+			continue
+		}
+		if len(f) < at+4 {
+			t.Fatalf("row %q: too few columns", l)
+		}
+		gbps, err1 := strconv.ParseFloat(f[at], 64)
+		ratio, err2 := strconv.ParseFloat(f[at+2], 64)
+		if err1 != nil || err2 != nil || gbps <= 0 || ratio <= 0 {
+			t.Errorf("row %q: want Gbit/s and a ratio to the kernel", l)
+		}
+		if f[0] == "kernel" && ratio != 1 {
+			t.Errorf("kernel row %q: x kernel %v, want 1.00", l, ratio)
+		}
+	}
+	if ustackRows == 0 || kernelRows != 1 {
+		t.Errorf("%d ustack rows and %d kernel rows, want some and one:\n%s", ustackRows, kernelRows, out)
+	}
+	ns, _ := exec.Command("ip", "netns", "list").Output()
+	pid := fmt.Sprintf("-%d-", cmd.Process.Pid)
+	if strings.Contains(string(ns), "ustack-bench-rx"+pid) || strings.Contains(string(ns), "ustack-bench"+pid) {
+		t.Errorf("namespaces left: %s", ns)
+	}
+}

@@ -2,12 +2,12 @@ package bench
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -29,8 +29,16 @@ const benchPort = 5001
 // sender (`exe send`, exe being the ustack binary, in the bed's namespace;
 // or the iperf3 client with ClientIPerf3) for dur with congestion control
 // cc and writes of wsize bytes, and measures. It needs root.
-func Measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc string, wsize int) (s Sample, err error) {
-	labelled(func() { s, err = measure(bed, exe, row, dur, cc, wsize) }, "row", row.Name)
+// A kernel row (Row.Kernel) measures the kernel's TCP in peer's namespace
+// over a veth pair instead (NewKernelPeer); peer may be nil otherwise.
+func Measure(bed *testbed.TAPBed, peer *KernelPeer, exe string, row Row, dur time.Duration, cc string, wsize int) (s Sample, err error) {
+	labelled(func() {
+		if row.Kernel {
+			s, err = measureKernel(bed, peer, exe, row, dur, cc, wsize)
+			return
+		}
+		s, err = measure(bed, exe, row, dur, cc, wsize)
+	}, "row", row.Name)
 	return s, err
 }
 
@@ -59,12 +67,6 @@ func measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc str
 		defer func() { l.Close(); <-served }()
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), dur+30*time.Second)
-	defer cancel()
-	cmd := bed.NS.Exec(ctx, exe, "send", "-addr", ap.String(),
-		"-t", dur.String(), "-cc", cc, "-w", strconv.Itoa(wsize), "-P", strconv.Itoa(max(1, row.Streams)))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
 	ru0, sys0 := rusage(), machineCPU()
 	var nic0 int64
 	if d := st.Driver(); d != nil {
@@ -79,24 +81,17 @@ func measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc str
 			return s, fmt.Errorf("sender: %w", err)
 		}
 	} else {
-		err = cmd.Run()
+		res, err = sendBuiltin(bed, exe, ap, row, dur, cc, wsize)
 		stopSampling()
 		if err != nil {
-			return s, fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
-		}
-		if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
-			return s, fmt.Errorf("sender output %q: %v", out.String(), err)
+			return s, err
 		}
 	}
 	// Everything sent must arrive before the figures are taken.
-	deadline := time.Now().Add(10 * time.Second)
-	for received.Load() < uint64(res.Bytes) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	if err := waitReceived(&received, uint64(res.Bytes)); err != nil {
+		return s, err
 	}
 	ru1, sys1 := rusage(), machineCPU()
-	if got := received.Load(); got != uint64(res.Bytes) {
-		return s, fmt.Errorf("received %d bytes, sender wrote %d", got, res.Bytes)
-	}
 	gb := float64(res.Bytes) / 1e9
 	s.gbps = float64(res.Bytes) * 8 / res.Seconds / 1e9
 	s.rxCPUPerGB = (ru1 - ru0).Seconds() / gb
@@ -232,6 +227,24 @@ func machineCPU() float64 {
 		busy += n
 	}
 	return busy / 100 // USER_HZ
+}
+
+// runSender runs cmd, a sender, and returns what it printed.
+func runSender(cmd *exec.Cmd) ([]byte, error) {
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("sender: %v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	return out.Bytes(), nil
+}
+
+// parseSendResult reads the sender's result, the last line it printed.
+func parseSendResult(out []byte, res *SendResult) error {
+	if err := json.Unmarshal(lastLine(out), res); err != nil {
+		return fmt.Errorf("sender output %q: %v", out, err)
+	}
+	return nil
 }
 
 func lastLine(b []byte) []byte {

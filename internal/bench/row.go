@@ -31,6 +31,7 @@ type Row struct {
 	Policy  Policy // ustack's; nil with Stock
 	MTU     int    // the link's MTU, which the Stock endpoint uses
 	Stock   bool   // gVisor's stock fdbased endpoint instead of ustack's driver
+	Kernel  bool   // the kernel's TCP over a veth pair (KernelPeer) instead of a stack
 	Client  string // the sender on a TAP: ClientBuiltin or ClientIPerf3; "": builtin
 }
 

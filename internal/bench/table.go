@@ -66,20 +66,25 @@ func printTable(w io.Writer, header string, rows []Row, results [][]Sample, line
 // PrintBench prints one line per row: medians with their spread, and the
 // ratio to the stock endpoint when it ran.
 func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
-	stockMed := 0.0
+	stockMed, kernelMed := 0.0, 0.0
 	for i, r := range rows {
-		if r.Stock {
+		switch {
+		case r.Stock:
 			stockMed = summarize(results[i]).gbps
+		case r.Kernel:
+			kernelMed = summarize(results[i]).gbps
 		}
 	}
-	printTable(w, "configuration\tGbit/s (min-max)\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
-		ratio := "-"
-		if stockMed > 0 {
-			ratio = fmt.Sprintf("%.2f", m.gbps/stockMed)
+	ratioTo := func(v, base float64) string {
+		if base > 0 {
+			return fmt.Sprintf("%.2f", v/base)
 		}
+		return "-"
+	}
+	printTable(w, "configuration\tGbit/s (min-max)\tx kernel\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		c := m.counters
 		fpr, ppp, hdsPkt, hdsPay, segs, fl := "-", "-", "-", "-", "-", "-"
-		if !r.Stock {
+		if !r.Stock && !r.Kernel {
 			fpr = ratioStr(c["rx_packets"], c["rx_wire_reads"])
 			ppp = ratioStr(c["rx_packets"], c["rx_napi_polls"])
 			hdsPkt = ratioStr(c["rx_hds_bytes"], c["rx_packets"])
@@ -89,8 +94,8 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 				fl = strconv.FormatUint(c["rx_gro_frag_list"], 10)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			r.Name, m.gbps, m.lo, m.hi, ratio, m.rxCPUPerGB, m.sysCPUPerGB, m.nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, m.congestion)
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.Name, m.gbps, m.lo, m.hi, ratioTo(m.gbps, kernelMed), ratioTo(m.gbps, stockMed), m.rxCPUPerGB, m.sysCPUPerGB, m.nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, m.congestion)
 	})
 }
 
