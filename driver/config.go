@@ -151,6 +151,8 @@ const (
 	// DefaultRQSizeStriding is the striding RQ's depth in WQEs: mlx5's
 	// MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE_MPW (2^3), 2 MB of 256 KB WQEs.
 	DefaultRQSizeStriding = 8
+	// MaxBusyPoll bounds Config.BusyPoll.
+	MaxBusyPoll = time.Second
 	// maxLROFrame is the largest frame LRO hands up: an IP packet of 64 KB
 	// behind an Ethernet header and a VLAN tag.
 	maxLROFrame = 65535 + 14 + 4
@@ -198,6 +200,15 @@ type Config struct {
 	// Linux sender: the poll loop, and with it the receiver's ACKs, would
 	// wait for the sender to stall.
 	CoalesceBytes int
+	// BusyPoll makes the poll loop spin on an empty completion queue for up
+	// to this long before it sleeps waiting for the NIC's interrupt (0:
+	// sleep at once; at most MaxBusyPoll): busy polling, as SO_BUSY_POLL's
+	// napi_busy_loop and threaded NAPI's busy-poll mode poll a NAPI
+	// instead of waiting for its IRQ. A completion that arrives during the
+	// spin is processed without an interrupt or a wake-up; the spin's CPU
+	// time counts in poll_cpu_ns. The loop yields to other goroutines while
+	// it spins.
+	BusyPoll time.Duration
 	// RingSize is the number of completion queue entries, a power of two
 	// (default 1024). It bounds the frames in flight between the NIC model
 	// and the poll loop.
@@ -282,6 +293,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.RingSize < 2 || c.RingSize&(c.RingSize-1) != 0 {
 		return fmt.Errorf("ring size %d: want a power of two >= 2", c.RingSize)
+	}
+	if c.BusyPoll < 0 || c.BusyPoll > MaxBusyPoll {
+		return fmt.Errorf("busy poll %v: want 0..%v", c.BusyPoll, MaxBusyPoll)
 	}
 	if c.CoalesceBytes < 0 {
 		return fmt.Errorf("coalesce bytes %d: want >= 0", c.CoalesceBytes)

@@ -27,6 +27,8 @@ type Stats struct {
 	CQEStalls    atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
 	RQStalls     atomic.Uint64 // rx_rq_stalls: times the NIC waited for the poll loop to free RQ room (Config.RQSize)
 	NICWakeups   atomic.Uint64 // rx_irqs: interrupts raised to wake the poll loop
+	BusyPolls    atomic.Uint64 // rx_busy_polls: spins on an empty ring (Config.BusyPoll)
+	BusyPollHits atomic.Uint64 // rx_busy_poll_hits: spins a completion ended, no sleep
 
 	// Poll loop.
 	Packets      atomic.Uint64 // rx_packets: frames (CQEs) the poll loop built packets from
@@ -67,6 +69,8 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_bytes", s.Bytes.Load())
 	fn("rx_napi_polls", s.Polls.Load())
 	fn("rx_irqs", s.NICWakeups.Load())
+	fn("rx_busy_polls", s.BusyPolls.Load())
+	fn("rx_busy_poll_hits", s.BusyPollHits.Load())
 	fn("rx_wqes", s.WQEs.Load())
 	fn("rx_strides", s.Strides.Load())
 	fn("rx_cqe_stalls", s.CQEStalls.Load())
