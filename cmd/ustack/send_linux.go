@@ -30,7 +30,7 @@ func sendCmd(args []string) error {
 	mode := fs.String("mode", "tcp", "tcp (bulk), udp (datagrams of -size, -gso per write with UDP_SEGMENT; 0: one per write) or rr (request/response of -size bytes)")
 	size := fs.Int("size", 64, "udp datagram or rr message size")
 	gso := fs.Int("gso", 64, "udp: datagrams per write with UDP_SEGMENT (0 or 1: plain writes)")
-	streams := fs.Int("P", 1, "tcp: parallel connections")
+	streams := fs.Int("P", 1, "tcp: parallel connections; rr: flows, each a connection with one transaction in flight (neper's tcp_rr -F)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -41,7 +41,7 @@ func sendCmd(args []string) error {
 	case "udp":
 		return sendUDP(*addr, *dur, *max, *size, *gso)
 	case "rr":
-		return sendRR(*addr, *dur, *size)
+		return sendRR(*addr, *dur, *size, *streams)
 	case "tcp":
 	default:
 		return usageError{fmt.Errorf("mode %q: want tcp, udp or rr", *mode)}
@@ -160,34 +160,68 @@ func max1(n int) int {
 // sendRR runs request/response transactions of size bytes on one TCP
 // connection for dur, as neper's TCP_RR does, and counts them with their
 // latencies (median and 99th percentile in the result).
-func sendRR(addr string, dur time.Duration, size int) error {
+func sendRR(addr string, dur time.Duration, size, flows int) error {
 	if size < 1 || size > 65536 {
 		return usageError{errors.New("want 1 <= -size <= 65536")}
 	}
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.(*net.TCPConn).SetNoDelay(true)
-	req := make([]byte, size)
-	resp := make([]byte, size)
-	start := time.Now()
-	deadline := start.Add(dur)
-	c.SetDeadline(deadline.Add(5 * time.Second))
-	var n int64
-	lat := new(bench.LatencyHist)
-	for t0 := start; t0.Before(deadline); n++ {
-		if _, err := c.Write(req); err != nil {
+	conns := make([]net.Conn, flows)
+	for i := range conns {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
 			return err
 		}
+		defer c.Close()
+		c.(*net.TCPConn).SetNoDelay(true)
+		conns[i] = c
+	}
+	start := time.Now()
+	deadline := start.Add(dur)
+	type result struct {
+		n   int64
+		lat *bench.LatencyHist
+		err error
+	}
+	results := make(chan result, flows)
+	for _, c := range conns {
+		go func() {
+			r := result{lat: new(bench.LatencyHist)}
+			r.n, r.err = rrFlow(c, deadline, size, r.lat)
+			results <- r
+		}()
+	}
+	var n int64
+	lat := new(bench.LatencyHist)
+	var errs []error
+	for range conns {
+		r := <-results
+		n += r.n
+		lat.Merge(r.lat)
+		errs = append(errs, r.err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds(),
+		P50Us: lat.Quantile(0.5), P99Us: lat.Quantile(0.99)})
+}
+
+// rrFlow runs transactions of size bytes on c, one at a time, until
+// deadline, recording each one's latency in lat, and returns their count.
+func rrFlow(c net.Conn, deadline time.Time, size int, lat *bench.LatencyHist) (int64, error) {
+	c.SetDeadline(deadline.Add(5 * time.Second))
+	req := make([]byte, size)
+	resp := make([]byte, size)
+	var n int64
+	for t0 := time.Now(); t0.Before(deadline); n++ {
+		if _, err := c.Write(req); err != nil {
+			return n, err
+		}
 		if _, err := io.ReadFull(c, resp); err != nil {
-			return err
+			return n, err
 		}
 		t1 := time.Now()
 		lat.Add(t1.Sub(t0))
 		t0 = t1
 	}
-	return json.NewEncoder(os.Stdout).Encode(bench.SendResult{Transactions: n, Bytes: n * int64(size), Seconds: time.Since(start).Seconds(),
-		P50Us: lat.Quantile(0.5), P99Us: lat.Quantile(0.99)})
+	return n, nil
 }

@@ -27,6 +27,14 @@ func (h *LatencyHist) Add(d time.Duration) {
 	h.n++
 }
 
+// Merge adds o's latencies to h's.
+func (h *LatencyHist) Merge(o *LatencyHist) {
+	for i, c := range o.buckets {
+		h.buckets[i] += c
+	}
+	h.n += o.n
+}
+
 // Count is how many latencies were added.
 func (h *LatencyHist) Count() int64 { return h.n }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -9,10 +10,10 @@ import (
 // out of cmd/ustack (printBench, printPoolBench, printHWGROBench at the
 // branch base): the move and summarize keep every column. The hw-gro table
 // has since gained why its session packets went up (flush|miss|space|poll).
-const tableWant = `         configuration     Gbit/s (min-max)  x stock  rx CPU s/GB  machine CPU s/GB  NIC share  frames/read  pkts/poll  hds B/pkt  hds payload B  segs/GRO pkt  frag_list     cc
-              ustack a  11.00 (10.00-12.00)     5.50        0.450             0.950        32%        100.0       25.0       66.0              5          40.0          3    bbr
-              ustack b     8.50 (8.00-9.00)     4.25        0.650             1.150        22%            -          -          -              0             -          -   reno
-  gVisor stock fdbased     2.00 (2.00-2.00)     1.00        3.000             4.000         0%            -          -          -              -             -          -  cubic
+const tableWant = `         configuration     Gbit/s (min-max)  x kernel  x stock  rx CPU s/GB  machine CPU s/GB  NIC share  frames/read  pkts/poll  hds B/pkt  hds payload B  segs/GRO pkt  frag_list     cc
+              ustack a  11.00 (10.00-12.00)         -     5.50        0.450             0.950        32%        100.0       25.0       66.0              5          40.0          3    bbr
+              ustack b     8.50 (8.00-9.00)         -     4.25        0.650             1.150        22%            -          -          -              0             -          -   reno
+  gVisor stock fdbased     2.00 (2.00-2.00)         -     1.00        3.000             4.000         0%            -          -          -              -             -          -  cubic
 --
          configuration     Gbit/s (min-max)  rx CPU s/GB  pages/GRO pkt  peak pool bytes/ring slot  peak pool MB  pages alloc|reused|busy per 1k pkts  pages 1|2|3-4|5-8|9-16|17-32|33-64|65+     cc
               ustack a  11.00 (10.00-12.00)        0.450            3.0                       2048           2.1                          0.0|0.0|0.0                         7|0|0|0|0|0|0|2    bbr
@@ -55,5 +56,27 @@ func TestTables(t *testing.T) {
 	PrintHWGRO(&b, rows, res)
 	if got := b.String(); got != tableWant {
 		t.Errorf("got\n%s\nwant\n%s", got, tableWant)
+	}
+}
+
+// TestBenchKernelColumn: with a kernel row, every row gets its ratio to
+// the kernel's median, and the kernel row shows no counters.
+func TestBenchKernelColumn(t *testing.T) {
+	rows := []Row{{Name: "ustack a"}, {Name: "kernel over veth", Kernel: true}}
+	c := map[string]uint64{"rx_packets": 1000, "rx_wire_reads": 10}
+	res := [][]Sample{{{gbps: 10, counters: c}, {gbps: 12, counters: c}}, {{gbps: 20}, {gbps: 24}}}
+	var b bytes.Buffer
+	PrintBench(&b, rows, res)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("got\n%s", b.String())
+	}
+	for i, want := range []string{"ustack a  11.00 (10.00-12.00)      0.50        -", "kernel over veth  22.00 (20.00-24.00)      1.00        -"} {
+		if !strings.Contains(lines[i+1], want) {
+			t.Errorf("row %d %q: want %q", i, lines[i+1], want)
+		}
+	}
+	if f := strings.Fields(lines[2]); f[len(f)-5] != "-" {
+		t.Errorf("kernel row %q: want no counters", lines[2])
 	}
 }
