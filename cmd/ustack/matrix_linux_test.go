@@ -47,17 +47,25 @@ func TestMatrixFlags(t *testing.T) {
 	}
 }
 
-// TestMatrixRun runs one cell, A against B, and checks the JSON and that
-// no namespace is left.
-func TestMatrixRun(t *testing.T) {
+// benchBinary skips t unless it runs as root (TAP and netns), and builds
+// the command into a temporary directory: the bench runs `ustack send`
+// from os.Executable.
+func benchBinary(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
 	}
-	// The matrix runs `ustack send` from os.Executable: build the command.
 	bin := filepath.Join(t.TempDir(), "ustack")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Skipf("cannot build ustack (%v): %s", err, out)
 	}
+	return bin
+}
+
+// TestMatrixRun runs one cell, A against B, and checks the JSON and that
+// no namespace is left.
+func TestMatrixRun(t *testing.T) {
+	bin := benchBinary(t)
 	js := filepath.Join(t.TempDir(), "m.json")
 	cmd := exec.Command(bin, "bench", "-matrix", "-t", "300ms", "-rounds", "1", "-mtu", "1500", "-proto", "tcp64k,udp64",
 		"-lro", "on", "-tunnel", "off,on", "-core", "same", "-a", "hds=256", "-b", "hds=auto", "-json", js)
@@ -113,13 +121,7 @@ func TestMatrixRun(t *testing.T) {
 // ustack's row and the kernel's, transactions and latencies in each, and
 // no namespace left.
 func TestBenchRR(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
-	}
-	bin := filepath.Join(t.TempDir(), "ustack")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Skipf("cannot build ustack (%v): %s", err, out)
-	}
+	bin := benchBinary(t)
 	cmd := exec.Command(bin, "bench", "-rr", "-t", "300ms", "-rounds", "1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -157,13 +159,7 @@ func TestBenchRR(t *testing.T) {
 // row over a veth is there by default, every ustack row has its ratio to
 // it, and the kernel peer's namespace is gone after.
 func TestBenchKernelRow(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
-	}
-	bin := filepath.Join(t.TempDir(), "ustack")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Skipf("cannot build ustack (%v): %s", err, out)
-	}
+	bin := benchBinary(t)
 	cmd := exec.Command(bin, "bench", "-t", "300ms", "-rounds", "1", "-stock=false")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -81,13 +81,18 @@ func measureKernel(bed *testbed.TAPBed, k *KernelPeer, exe string, row Row, dur 
 	if err := waitReceived(&received, uint64(res.Bytes)); err != nil {
 		return s, err
 	}
-	ru1, sys1 := rusage(), machineCPU()
+	s.fill(res, rusage()-ru0, machineCPU()-sys0)
+	return s, nil
+}
+
+// fill sets s's throughput, CPU per GB and congestion control from the
+// sender's result and the receiver's and the machine's CPU over the run.
+func (s *Sample) fill(res SendResult, rx time.Duration, machine float64) {
 	gb := float64(res.Bytes) / 1e9
 	s.gbps = float64(res.Bytes) * 8 / res.Seconds / 1e9
-	s.rxCPUPerGB = (ru1 - ru0).Seconds() / gb
-	s.sysCPUPerGB = (sys1 - sys0) / gb
+	s.rxCPUPerGB = rx.Seconds() / gb
+	s.sysCPUPerGB = machine / gb
 	s.congestion = res.Congestion
-	return s, nil
 }
 
 // sendBuiltin runs `exe send` in the bed's namespace against ap for dur

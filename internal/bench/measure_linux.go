@@ -91,12 +91,8 @@ func measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc str
 	if err := waitReceived(&received, uint64(res.Bytes)); err != nil {
 		return s, err
 	}
-	ru1, sys1 := rusage(), machineCPU()
-	gb := float64(res.Bytes) / 1e9
-	s.gbps = float64(res.Bytes) * 8 / res.Seconds / 1e9
-	s.rxCPUPerGB = (ru1 - ru0).Seconds() / gb
-	s.sysCPUPerGB = (sys1 - sys0) / gb
-	s.congestion = res.Congestion
+	ru1 := rusage()
+	s.fill(res, ru1-ru0, machineCPU()-sys0)
 	s.counters = map[string]uint64{}
 	st.EachCounter(func(name string, v uint64) { s.counters[name] = v })
 	if d := st.Driver(); d != nil {
