@@ -80,7 +80,9 @@ var _ gstack.GSOEndpoint = (*linkEndpoint)(nil)
 var _ driver.Handler = (*linkEndpoint)(nil)
 
 func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkEndpoint {
-	return &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
+	e := &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
+	e.trains.drv = drv
+	return e
 }
 
 // Deliver is the receive pipeline: the poll loop hands it each frame the

@@ -11,6 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
 )
 
 // TrainConn receives the UDP datagrams sent to one local port as GRO
@@ -24,13 +25,16 @@ import (
 // stays in the RX pages, and each queued train keeps its pages referenced
 // until ReadTrain copies it out (that is what keeps a page in the pool's
 // quarantine while a socket has not been read). The queue is bounded in
-// datagrams, not trains (trainQueueDatagrams): a train is charged one unit
-// per datagram it holds, as __udp_enqueue_schedule_skb charges an skb's
-// truesize, which a GRO train accumulates per merged frame, against
-// sk_rcvbuf. A train that would take the queue past its bound is dropped and
-// counted (Drops), as a socket with a full receive buffer drops; so with GRO
-// off, one datagram per train, the socket holds as many datagrams as with
-// GRO on.
+// bytes of RX memory, as __udp_enqueue_schedule_skb charges each skb's
+// truesize against sk_rcvbuf: a train is charged what its packets pin
+// (driver.Driver.Truesize: a 64-byte datagram on the linear RQ pins its
+// 2 KB stride, a page with XDP), which a GRO train accumulates per merged
+// frame, and is dropped and counted (Drops) if the queue already holds
+// more than the receive buffer (SetReadBuffer; DefaultTrainReadBuffer), as
+// a socket with a full receive buffer drops. So what an unread socket can
+// pin is bounded in memory whatever the packets' layout, and with GRO off,
+// one datagram per train, the socket holds as many bytes as with GRO on.
+// The queue also holds at most trainQueueDatagrams trains.
 type TrainConn struct {
 	s      *Stack
 	port   uint16
@@ -39,18 +43,36 @@ type TrainConn struct {
 	done   chan struct{}
 	closed sync.Once
 	drops  atomic.Uint64
-	// rmem is the datagrams queued (sk_rmem_alloc): added when a train
-	// is queued, taken off when it is read or released.
+	// rmem is the truesize of the trains queued (sk_rmem_alloc): added
+	// when a train is queued, taken off when it is read or released.
 	rmem atomic.Int64
+	// rcvbuf bounds rmem (sk_rcvbuf).
+	rcvbuf atomic.Int64
+	// segs is the datagrams queued, as rmem moves.
+	segs atomic.Int64
 	// b is ReadTrain's and the batch calls' state (udpbatch.go).
 	b  batchState
 	tx udpSender
 }
 
-// trainQueueDatagrams bounds a TrainConn's queue: 64 full trains of
-// UDP_GRO_CNT_MAX (64) datagrams, what the queue held when it was bounded
-// at 64 trains and GRO filled them.
+// trainQueueDatagrams bounds the trains a TrainConn's queue holds (its
+// channel's size): 64 full trains of UDP_GRO_CNT_MAX (64) datagrams.
 const trainQueueDatagrams = 64 * 64
+
+// Receive buffer sizes of a TrainConn, in bytes of truesize (sk_rcvbuf).
+const (
+	// DefaultTrainReadBuffer is a TrainConn's receive buffer until
+	// SetReadBuffer: 4 MiB, what SO_RCVBUF of 2 MiB gives a Linux socket
+	// (the kernel doubles it). Linux's own default, rmem_default, is
+	// 208 KiB; a train socket is for bulk UDP, whose users raise it
+	// (quic-go asks for 7 MiB).
+	DefaultTrainReadBuffer = 4 << 20
+	// MaxTrainReadBuffer bounds SetReadBuffer, as net.core.rmem_max
+	// bounds SO_RCVBUF.
+	MaxTrainReadBuffer = 256 << 20
+	// minTrainReadBuffer is SOCK_MIN_RCVBUF.
+	minTrainReadBuffer = 2304
+)
 
 // ListenUDPTrains binds a train socket to addr (an unspecified address
 // takes every address of the stack). The port must not be bound by another
@@ -69,6 +91,7 @@ func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 		done:  make(chan struct{}),
 	}
 	c.b.rsem = make(chan struct{}, 1)
+	c.rcvbuf.Store(DefaultTrainReadBuffer)
 	if err := s.ep.trains.add(c); err != nil {
 		return nil, fmt.Errorf("listen udp trains %s: %w", addr, err)
 	}
@@ -97,6 +120,19 @@ func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, fro
 	}
 	c.releaseCur()
 	return n, segSize, from, nil
+}
+
+// SetReadBuffer sets the receive buffer to twice bytes, as SO_RCVBUF does
+// on Linux (the doubling leaves room for the packets' overhead), between
+// SOCK_MIN_RCVBUF and MaxTrainReadBuffer: the truesize of the trains the
+// queue may hold before it drops. It is net.UDPConn.SetReadBuffer's
+// counterpart.
+func (c *TrainConn) SetReadBuffer(bytes int) error {
+	if bytes < 0 {
+		return fmt.Errorf("set read buffer %d: want >= 0", bytes)
+	}
+	c.rcvbuf.Store(int64(min(max(2*min(bytes, MaxTrainReadBuffer), minTrainReadBuffer), MaxTrainReadBuffer)))
+	return nil
 }
 
 // Drops returns the trains dropped because the queue was full.
@@ -129,8 +165,9 @@ func (c *TrainConn) Close() error {
 // loop for every UDP packet, so reads take no lock: writers publish a new
 // map.
 type trainTable struct {
-	mu sync.Mutex
-	m  atomic.Pointer[map[uint16]*TrainConn]
+	mu  sync.Mutex
+	m   atomic.Pointer[map[uint16]*TrainConn]
+	drv *driver.Driver // the packets' driver, for their truesize; set before use
 }
 
 func (t *trainTable) add(c *TrainConn) error {
@@ -186,18 +223,20 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != udpDest(l, l3) {
 		return false
 	}
-	// __udp_enqueue_schedule_skb: drop a train that would take the queue
-	// past its bound, else charge it and queue it. (The kernel lets the
-	// last skb overshoot sk_rcvbuf; here the bound is the channel's size.)
-	if n := trainCharge(p); c.rmem.Load() > trainQueueDatagrams-n {
+	// __udp_enqueue_schedule_skb: drop the train if the queue already
+	// holds more than the receive buffer, else charge it and queue it (so
+	// the last one may overshoot, as in the kernel).
+	if n := t.charge(p); c.rmem.Load() > c.rcvbuf.Load() {
 		c.drops.Add(1)
 		p.Release()
 	} else {
 		c.rmem.Add(n)
+		c.segs.Add(int64(max(p.Segs, 1)))
 		select {
 		case c.ready <- p:
-		default: // cannot happen: the channel holds the bound
+		default: // the channel is full: trainQueueDatagrams trains
 			c.rmem.Add(-n)
+			c.segs.Add(-int64(max(p.Segs, 1)))
 			c.drops.Add(1)
 			p.Release()
 		}
@@ -219,8 +258,8 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	return true
 }
 
-// trainCharge is what a train is charged in the queue: its datagrams.
-func trainCharge(p *bufpool.Packet) int64 { return int64(max(p.Segs, 1)) }
+// charge is what a train is charged in the queue: its truesize.
+func (t *trainTable) charge(p *bufpool.Packet) int64 { return int64(t.drv.Truesize(p)) }
 
 // copyAfter copies the packet's bytes after skip, and its chain's payload
 // (bufpool.Packet.Walk), into b, as far as b reaches, and returns the count.

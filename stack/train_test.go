@@ -286,3 +286,56 @@ func TestTrainQueueCountsDatagrams(t *testing.T) {
 		t.Errorf("queue charge after reading everything: got %d, want 0", got)
 	}
 }
+
+// TestTrainQueueTruesize: the queue is bounded in bytes of what its trains
+// pin (their truesize) against the receive buffer SetReadBuffer sets, as
+// __udp_enqueue_schedule_skb bounds sk_rmem_alloc by sk_rcvbuf: a train is
+// queued while the queue holds at most the buffer, so the last one may
+// overshoot; the rest are dropped and counted, and reading everything
+// takes the charge back to zero.
+func TestTrainQueueTruesize(t *testing.T) {
+	rx, peer := pairConfig(t, Config{NoGRO: true})
+	dst := netip.MustParseAddrPort("192.0.2.1:9996")
+	c, err := rx.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetReadBuffer(16 << 10); err != nil {
+		t.Fatal(err)
+	}
+	const rcvbuf = 32 << 10 // doubled, as SO_RCVBUF
+	const count, size = 256, 64
+	sent := udpBurst(t, peer, dst, count, size)
+	testutil.WaitFor(t, "every datagram queued or dropped", func() bool {
+		return len(c.ready)+int(c.Drops()) >= count
+	})
+	queued := len(c.ready)
+	rmem := c.rmem.Load()
+	per := rmem / int64(queued)
+	if per < 64+256 || rmem != per*int64(queued) {
+		t.Fatalf("queue charge %d for %d datagrams: want the same truesize each, at least the struct and the payload", rmem, queued)
+	}
+	if want := rcvbuf/per + 1; int64(queued) != want {
+		t.Errorf("queued %d datagrams of truesize %d under a %d-byte buffer: want %d (queued while the queue holds at most the buffer)", queued, per, rcvbuf, want)
+	}
+	if int(c.Drops()) != count-queued {
+		t.Errorf("drops %d, want the %d not queued", c.Drops(), count-queued)
+	}
+	buf := make([]byte, 65536)
+	for i := range queued {
+		n, _, _, err := c.ReadTrain(buf, time.Now().Add(30*time.Second))
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], sent[i]) {
+			t.Fatalf("datagram %d: got %x, want %x", i, buf[:n], sent[i])
+		}
+	}
+	if got := c.rmem.Load(); got != 0 {
+		t.Errorf("queue charge after reading everything: got %d, want 0", got)
+	}
+	if err := c.SetReadBuffer(-1); err == nil {
+		t.Errorf("SetReadBuffer(-1): no error")
+	}
+}

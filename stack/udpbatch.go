@@ -259,7 +259,8 @@ func (c *TrainConn) next(deadline time.Time, block bool) error {
 // held.
 func (c *TrainConn) take(p *bufpool.Packet) {
 	b := &c.b
-	c.rmem.Add(-trainCharge(p))
+	c.rmem.Add(-c.s.ep.trains.charge(p))
+	c.segs.Add(-int64(max(p.Segs, 1)))
 	l3, l4, _ := udpHeaders(p) // checked when queued
 	b.cur = p
 	b.hdrLen = l4 + header.UDPMinimumSize

@@ -57,7 +57,7 @@ func BenchmarkUDPRead(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer c.Close()
-				queued = c.rmem.Load
+				queued = c.segs.Load
 				if reader == "ReadTrain" {
 					buf := make([]byte, 65536)
 					read = func() int {

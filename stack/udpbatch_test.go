@@ -41,7 +41,7 @@ func joined(m *Message) []byte {
 // queuedDatagrams waits until count datagrams sent to c are queued.
 func queuedDatagrams(t *testing.T, c *TrainConn, count int) {
 	t.Helper()
-	testutil.WaitFor(t, "every datagram queued", func() bool { return c.rmem.Load()+int64(c.Drops()) >= int64(count) })
+	testutil.WaitFor(t, "every datagram queued", func() bool { return c.segs.Load()+int64(c.Drops()) >= int64(count) })
 	if d := c.Drops(); d != 0 {
 		t.Fatalf("drops: got %d, want 0", d)
 	}
@@ -87,7 +87,7 @@ func TestReadBatch(t *testing.T) {
 	if most < 2 {
 		t.Errorf("largest batch: got %d messages, want several", most)
 	}
-	if r := c.rmem.Load(); r != 0 {
+	if r := c.segs.Load(); r != 0 {
 		t.Errorf("queue charge after reading everything: got %d, want 0", r)
 	}
 }
@@ -308,7 +308,7 @@ func TestReadBatchDeadlineClose(t *testing.T) {
 			}
 		}
 	}()
-	testutil.WaitFor(t, "the reader drained the queue", func() bool { return c.rmem.Load() == 0 })
+	testutil.WaitFor(t, "the reader drained the queue", func() bool { return c.segs.Load() == 0 })
 	c.Close()
 	wg.Wait()
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {

@@ -107,6 +107,7 @@ func cpumapRun(bed *testbed.TAPBed, exe string, row Row, w cpumapWorkload, dur t
 		if err != nil {
 			return 0, 0, err
 		}
+		tc.SetReadBuffer(benchUDPReadBuffer)
 		go func() {
 			defer close(done)
 			buf := make([]byte, 65536)

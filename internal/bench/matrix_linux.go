@@ -402,6 +402,7 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side Side, r *matrixRun, sk *
 		}
 	default:
 		if trains, err = st.ListenUDPTrains(rc.dst); err == nil {
+			trains.SetReadBuffer(benchUDPReadBuffer)
 			sk.add(trains)
 			sk.read(cpu, func(b []byte) (int, error) { n, _, _, err := trains.ReadTrain(b, time.Time{}); return n, err })
 		}
@@ -526,9 +527,14 @@ func linkStats(ns *testbed.Netns, dev string) (map[string]uint64, error) {
 // kernel's UDP_MAX_SEGMENTS).
 func udpGSO(size int) int { return min(64, (65535-20-8)/size) }
 
+// benchUDPReadBuffer is the receive buffer every UDP receiver of the bench
+// asks for (SO_RCVBUF semantics: the kernel, and ustack's TrainConn, double
+// it), the kernel's and ustack's alike.
+const benchUDPReadBuffer = 8 << 20
+
 // kernelUDPGRO turns UDP_GRO on for the kernel peer's socket, so that it
 // takes GSO trains whole as ustack's train socket does, and gives it a
-// receive buffer of 8 MiB.
+// receive buffer of benchUDPReadBuffer.
 func kernelUDPGRO(c *net.UDPConn) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -537,7 +543,7 @@ func kernelUDPGRO(c *net.UDPConn) error {
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1),
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, benchUDPReadBuffer))
 	}); err != nil {
 		return err
 	}
