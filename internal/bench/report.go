@@ -227,17 +227,22 @@ type sideStats struct {
 	RxCPUPerGB float64 // median
 	MachPerGB  float64 // median
 	Congestion string
-	Err        string // the last error, when no run was good
+	Err        string  // the last error, when no run was good
+	Lost       float64 // UDP: median share of the datagrams sent that were not received
+	HasLost    bool    // Lost is known (UDP runs with datagrams sent)
 }
 
 // stats summarises runs: medians and spread of the good ones.
 func stats(runs []matrixRun) sideStats {
 	var s sideStats
-	var vals, cpu, mach []float64
+	var vals, cpu, mach, lost []float64
 	for _, r := range runs {
 		if r.Error != "" {
 			s.Err = r.Error
 			continue
+		}
+		if r.DatagramsSent > 0 {
+			lost = append(lost, max(0, 1-float64(r.DatagramsReceived)/float64(r.DatagramsSent)))
 		}
 		vals = append(vals, r.Value)
 		cpu = append(cpu, r.RxCPUPerGB)
@@ -252,7 +257,38 @@ func stats(runs []matrixRun) sideStats {
 	s.Med, s.Lo, s.Hi = Median(vals)
 	s.RxCPUPerGB, _, _ = Median(cpu)
 	s.MachPerGB, _, _ = Median(mach)
+	if len(lost) > 0 {
+		s.Lost, _, _ = Median(lost)
+		s.HasLost = true
+	}
 	return s
+}
+
+// lostColumn is the text report's UDP loss column for cell c: each side's
+// median share of the datagrams sent that did not arrive, in side order
+// ("-" for a side without it, or for a TCP cell).
+func (r *matrixReport) lostColumn(c *matrixCellResult) string {
+	if !c.Cell.Proto.UDP {
+		return "-"
+	}
+	parts := make([]string, len(r.Sides))
+	for i := range r.Sides {
+		parts[i] = "-"
+		if st := stats(c.Runs[i]); st.HasLost {
+			parts[i] = fmt.Sprintf("%.0f%%", st.Lost*100)
+		}
+	}
+	return strings.Join(parts, "|")
+}
+
+// hasUDP reports whether any measured cell is UDP.
+func (r *matrixReport) hasUDP() bool {
+	for _, c := range r.Cells {
+		if c.Skip == "" && c.Cell.Proto.UDP {
+			return true
+		}
+	}
+	return false
 }
 
 // comparison is B against A in one cell.
@@ -355,6 +391,14 @@ func (r *matrixReport) Print(w io.Writer) error {
 	if kernel >= 0 {
 		hdr = append(hdr, "kernel veth", "best/kernel")
 	}
+	udp := r.hasUDP()
+	if udp {
+		var names []string
+		for _, sd := range r.Sides {
+			names = append(names, sd.Name)
+		}
+		hdr = append(hdr, "UDP lost "+strings.Join(names, "|"))
+	}
 	hdr = append(hdr, "rx path", "unit", "cc")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	var improved, regressed []string
@@ -419,6 +463,9 @@ func (r *matrixReport) Print(w io.Writer) error {
 		}
 		if cc == "" {
 			cc = "-"
+		}
+		if udp {
+			row = append(row, r.lostColumn(c))
 		}
 		row = append(row, r.rxPaths(c), c.Cell.Proto.Unit(), cc)
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")

@@ -358,3 +358,33 @@ func TestRxPath(t *testing.T) {
 		t.Errorf("the table lacks the rx path column:\n%s", out)
 	}
 }
+
+// TestLostColumn checks the UDP loss column: each side's median share of
+// the datagrams sent that did not arrive, in side order, "-" where a side
+// has no figure and for TCP cells.
+func TestLostColumn(t *testing.T) {
+	rep := fakeReport()
+	udp := rep.Cells[1]
+	for si, recv := range []int64{50, 90, 0, -1} { // per 100 sent; -1: no figure
+		for i := range udp.Runs[si] {
+			if recv < 0 {
+				continue
+			}
+			udp.Runs[si][i].DatagramsSent, udp.Runs[si][i].DatagramsReceived = 100, recv+int64(i)*2
+		}
+	}
+	// Medians of two runs: (50%+48%)/2, (10%+8%)/2, (100%+98%)/2.
+	if got, want := rep.lostColumn(udp), "49%|9%|99%|-"; got != want {
+		t.Errorf("UDP cell: got %q, want %q", got, want)
+	}
+	if got := rep.lostColumn(rep.Cells[0]); got != "-" {
+		t.Errorf("TCP cell: got %q, want -", got)
+	}
+	var b bytes.Buffer
+	if err := rep.Print(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "UDP lost A|B|stock|kernel") || !strings.Contains(out, "49%|9%|99%|-") {
+		t.Errorf("the table lacks the loss column:\n%s", out)
+	}
+}
