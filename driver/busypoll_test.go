@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -61,5 +62,49 @@ func TestBusyPoll(t *testing.T) {
 	})
 	if err := (&Config{BusyPoll: MaxBusyPoll + 1}).setDefaults(); err == nil {
 		t.Errorf("BusyPoll past MaxBusyPoll: no error")
+	}
+}
+
+// flushTimerHandler asks, at its first Flush, to be flushed again after
+// 20 ms (a GRO flush timeout holding packets), and records whether the poll
+// loop was asleep at each later Flush.
+type flushTimerHandler struct {
+	collector
+	d       atomic.Pointer[Driver]
+	flushes atomic.Int32
+	asleep  atomic.Int32 // later Flushes called from the sleeping loop's timer
+	awake   atomic.Int32 // later Flushes called from the spinning loop
+}
+
+func (h *flushTimerHandler) Flush(bool) time.Duration {
+	n := h.flushes.Add(1)
+	if n == 1 {
+		return 20 * time.Millisecond
+	}
+	if d := h.d.Load(); d != nil && d.pollSleeping.Load() {
+		h.asleep.Add(1)
+	} else {
+		h.awake.Add(1)
+	}
+	return 0
+}
+
+// TestBusyPollFlushTimer: a spin counts against the handler's flush timer,
+// so the flush it asked for comes when the timer's time has passed, from
+// the spinning loop, not a whole timer later from the sleeping one.
+func TestBusyPollFlushTimer(t *testing.T) {
+	h, frame, _ := tcpSuper(t, L3IPv4, 2*mss4)
+	fh := &flushTimerHandler{}
+	d, w := newTestDriver(t, Config{BusyPoll: MaxBusyPoll}, fh)
+	fh.d.Store(d)
+	if err := w.Write(wireFrame(h, frame)); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitFor(t, 2)
+	for end := time.Now().Add(10 * time.Second); fh.flushes.Load() < 2 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	if fh.awake.Load() != 1 || fh.asleep.Load() != 0 {
+		t.Errorf("the timer's flush: %d from the spinning loop, %d from the sleeping one; want 1 and 0", fh.awake.Load(), fh.asleep.Load())
 	}
 }

@@ -52,8 +52,18 @@ func (d *Driver) pollLoop() {
 				again = d.handler.Flush(false)
 				continue
 			}
-			if d.cfg.BusyPoll > 0 && d.busyPoll(cons, again) {
-				continue // a completion came while spinning
+			if d.cfg.BusyPoll > 0 {
+				hit, spun := d.busyPoll(cons, again)
+				if hit {
+					continue // a completion came while spinning
+				}
+				if again > 0 {
+					// The flush timer's time passed while spinning.
+					if again -= spun; again <= 0 {
+						again = d.handler.Flush(false)
+						continue
+					}
+				}
 			}
 			cpuNanos = usedCPU()
 			d.stats.PollCPUNanos.Store(cpuNanos)
@@ -91,29 +101,29 @@ func (d *Driver) pollLoop() {
 // busyPoll spins on the completion queue, the ring at cons drained, for
 // up to Config.BusyPoll (and no longer than again, the handler's flush
 // timer, when it is armed), yielding to other goroutines between looks,
-// and reports whether a completion arrived: busy polling's napi_busy_loop,
-// which polls the NAPI until its budget of time runs out instead of
-// waiting for the IRQ. The NIC model raises no interrupt meanwhile: the
-// loop does not sleep.
-func (d *Driver) busyPoll(cons uint32, again time.Duration) bool {
+// and reports whether a completion arrived and how long it spun: busy
+// polling's napi_busy_loop, which polls the NAPI until its budget of time
+// runs out instead of waiting for the IRQ. The NIC model raises no
+// interrupt meanwhile: the loop does not sleep.
+func (d *Driver) busyPoll(cons uint32, again time.Duration) (bool, time.Duration) {
 	d.stats.BusyPolls.Add(1)
 	spin := d.cfg.BusyPoll
 	if again > 0 {
 		spin = min(spin, again)
 	}
-	end := time.Now().Add(spin)
+	start := time.Now()
 	for i := 0; ; i++ {
 		if d.prod.Load() != cons {
 			d.stats.BusyPollHits.Add(1)
-			return true
+			return true, time.Since(start)
 		}
 		if i%16 == 15 {
-			if !time.Now().Before(end) {
-				return false
+			if spun := time.Since(start); spun >= spin {
+				return false, spun
 			}
 			select {
 			case <-d.stop:
-				return false // the sleep's select sees it too
+				return false, time.Since(start) // the sleep's select sees it too
 			default:
 			}
 		}
