@@ -43,8 +43,10 @@ func TestTCPLinearRQ(t *testing.T) {
 			c := counters(r.st)
 			t.Logf("rx_packets %d rx_skb_linear %d rx_skb_nonlinear %d rx_hds_bytes %d rx_gro_skbs %d rx_gro_frag_list %d",
 				c["rx_packets"], c["rx_skb_linear"], c["rx_skb_nonlinear"], c["rx_hds_bytes"], c["rx_gro_skbs"], c["rx_gro_frag_list"])
-			if got, want := c["rx_skb_linear"], c["rx_packets"]; got == 0 || got != want {
-				t.Errorf("rx_skb_linear: got %d, want every frame (rx_packets %d)", got, want)
+			// Every frame linear, read as none nonlinear: a late
+			// ACK's batch may land between two counter reads.
+			if got := c["rx_skb_linear"]; got == 0 || c["rx_skb_nonlinear"] != 0 {
+				t.Errorf("rx_skb_linear %d, rx_skb_nonlinear %d: want every frame linear (rx_packets %d)", got, c["rx_skb_nonlinear"], c["rx_packets"])
 			}
 			if got := c["rx_hds_bytes"]; got != 0 {
 				t.Errorf("rx_hds_bytes on the linear RQ: got %d, want 0", got)
