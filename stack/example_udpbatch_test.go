@@ -70,7 +70,10 @@ func ExampleTrainConn_ReadBatch() {
 		}
 		fmt.Printf("echo %s\n", buf[:n])
 	}
-	// Output:
+	// UDP keeps no order, and this one may change it: the client's first
+	// datagram waits for ARP and can leave after the next two.
+
+	// Unordered output:
 	// one from 192.0.2.2:5000
 	// two from 192.0.2.2:5000
 	// six from 192.0.2.2:5000
