@@ -18,13 +18,7 @@ import (
 // filled with its index, and returns them.
 func udpBurst(t *testing.T, peer *Stack, dst netip.AddrPort, count, size int) [][]byte {
 	t.Helper()
-	// Resolve the neighbours first: gVisor queues only a few packets while
-	// it waits for ARP. A connection refused by a closed port does it.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if c, err := peer.DialTCP(ctx, netip.AddrPortFrom(dst.Addr(), 1)); err == nil {
-		c.Close()
-	}
+	resolveNeighbors(peer, dst.Addr())
 	pu, err := peer.ListenUDP(netip.MustParseAddrPort("192.0.2.2:5555"))
 	if err != nil {
 		t.Fatal(err)
@@ -40,6 +34,18 @@ func udpBurst(t *testing.T, peer *Stack, dst netip.AddrPort, count, size int) []
 		sent = append(sent, b)
 	}
 	return sent
+}
+
+// resolveNeighbors makes from and the stack at to know each other's link
+// addresses before a test sends a burst: gVisor queues only a few packets
+// while it waits for ARP, and sends the first one after later ones. A
+// connection refused by a closed port does it, both ways.
+func resolveNeighbors(from *Stack, to netip.Addr) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c, err := from.DialTCP(ctx, netip.AddrPortFrom(to, 1)); err == nil {
+		c.Close()
+	}
 }
 
 func TestUDPTrains(t *testing.T) {
