@@ -48,7 +48,8 @@ type TrainConn struct {
 	rmem atomic.Int64
 	// rcvbuf bounds rmem (sk_rcvbuf).
 	rcvbuf atomic.Int64
-	// segs is the datagrams queued, as rmem moves.
+	// segs is the datagrams queued, moved with rmem: what tests and
+	// BenchmarkUDPRead wait on, since rmem counts bytes.
 	segs atomic.Int64
 	// b is ReadTrain's and the batch calls' state (udpbatch.go).
 	b  batchState
@@ -131,7 +132,8 @@ func (c *TrainConn) SetReadBuffer(bytes int) error {
 	if bytes < 0 {
 		return fmt.Errorf("set read buffer %d: want >= 0", bytes)
 	}
-	c.rcvbuf.Store(int64(min(max(2*min(bytes, MaxTrainReadBuffer), minTrainReadBuffer), MaxTrainReadBuffer)))
+	rcvbuf := min(2*min(bytes, MaxTrainReadBuffer), MaxTrainReadBuffer)
+	c.rcvbuf.Store(int64(max(rcvbuf, minTrainReadBuffer)))
 	return nil
 }
 
