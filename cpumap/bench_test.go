@@ -48,13 +48,15 @@ func (r listReturner) Flush()                              {}
 
 // TestNoAllocs pins zero heap allocations per frame in steady state, on
 // both sides: Enqueue, Flush, the ring, the wake-up and the worker's round,
-// with frames handed over one by one and as lists.
+// with frames handed over one by one and as lists, and frames without a
+// packet that the worker builds one for (EnqueueFrame).
 func TestNoAllocs(t *testing.T) {
-	t.Run("receive", func(t *testing.T) { testNoAllocs(t, false) })
-	t.Run("list", func(t *testing.T) { testNoAllocs(t, true) })
+	t.Run("receive", func(t *testing.T) { testNoAllocs(t, false, false) })
+	t.Run("list", func(t *testing.T) { testNoAllocs(t, true, false) })
+	t.Run("frames", func(t *testing.T) { testNoAllocs(t, true, true) })
 }
 
-func testNoAllocs(t *testing.T, list bool) {
+func testNoAllocs(t *testing.T, list, frames bool) {
 	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
@@ -72,19 +74,40 @@ func testNoAllocs(t *testing.T, list bool) {
 	pr := m.NewProducer()
 	pkts := make([]*bufpool.Packet, n)
 	frame := frameSpec{}.frame()
+	pool := testutil.NewPool(t, bufpool.Config{})
+	heads := make([]bufpool.Frag, n) // the frames' strides, frames only
 	for i := range pkts {
 		pkts[i] = packetOf(frame)
+		if frames {
+			pg, err := pool.Get()
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(pg.Bytes()[256:], frame)
+			heads[i] = bufpool.Frag{Page: pg, Off: 256, Len: uint32(len(frame))}
+		}
 	}
 	hash := mustProgram(t, "hash", 1)
 	batch := func() {
-		for _, p := range pkts {
-			_, e := hash.Run(p)
+		for i, p := range pkts {
+			_, e := hash.Run(p.Linear)
+			if frames {
+				pr.EnqueueFrame(e, bufpool.Frame{Head: heads[i]})
+				continue
+			}
 			pr.Enqueue(e, p)
 		}
 		pr.Flush()
 		<-ret.done
 		ret.mu.Lock()
-		copy(pkts, ret.back)
+		if frames {
+			for i, p := range ret.back { // the built packets: their strides back
+				heads[i] = p.TakeHead(0)
+				p.Release()
+			}
+		} else {
+			copy(pkts, ret.back)
+		}
 		ret.back = ret.back[:0]
 		ret.mu.Unlock()
 	}
@@ -94,6 +117,14 @@ func testNoAllocs(t *testing.T, list bool) {
 	}
 	for _, p := range pkts {
 		p.Release()
+	}
+	for _, f := range heads {
+		if f.Page != nil {
+			f.Page.DecRef()
+		}
+	}
+	if got, want := m.Stats().WorkerBuilt(), map[bool]uint64{false: 0, true: n * 202}[frames]; got != want {
+		t.Errorf("got %d packets built by the worker, want %d", got, want)
 	}
 	if got, want := m.Stats().WorkerFrames(), uint64(n*202); got != want {
 		t.Errorf("got %d frames received, want %d", got, want)
@@ -213,7 +244,7 @@ func BenchmarkPrograms(b *testing.B) {
 			defer p.Release()
 			b.ReportAllocs()
 			for b.Loop() {
-				prog.Run(p)
+				prog.Run(p.Linear)
 			}
 		})
 	}

@@ -7,23 +7,34 @@
 //
 // # Programs
 //
-// A Program runs on the poll loop for each frame and returns an Action:
-// Pass, Drop, TX or Redirect with an entry index. The built-in programs
-// (ParseProgram) pass or drop everything, send everything to one entry,
-// spread flows over the entries with an RSS-like Toeplitz hash, or drop one
-// destination port. They read only Packet.Linear, never allocate, and treat
-// any bytes as input, never panicking.
+// A Program runs on the poll loop for each frame, before a packet is built
+// for it, and returns an Action: Pass, Drop, TX or Redirect with an entry
+// index. The built-in programs (ParseProgram) pass or drop everything, send
+// everything to one entry, spread flows over the entries with an RSS-like
+// Toeplitz hash, or drop one destination port. They read only the frame's
+// bytes, never allocate, and treat any bytes as input, never panicking.
 //
 // # Data path
 //
 //	poll loop (one per RX queue)           worker i (pinned to CPUs[i])
 //	  Program.Run -> Redirect(i)
-//	  Producer.Enqueue(i, p) -> bulk queue of entry i (BulkSize, 8)
+//	  Producer.EnqueueFrame(i, f) -> bulk queue of entry i (BulkSize, 8)
 //	    full: flushed into ring i            ring i (QueueSize, MPSC)
-//	  Producer.Flush at batch end ------->     takes up to Batch frames
-//	    (drops what does not fit)              ReceiveList, or Receive each
+//	  Producer.Flush at batch end ------->     takes up to Batch frames,
+//	    (drops what does not fit)              builds their packets in bulk,
+//	                                           ReceiveList, or Receive each
 //	                                           flush old packets every 64,
 //	                                           all when the ring ran empty
+//
+// What moves through the ring is a bufpool.Frame, the kernel's xdp_frame:
+// on the linear RQ the frame's bytes in their RX stride, with no packet
+// built, so that the worker builds the packet on its own CPU as
+// cpu_map_kthread_run does (the structs in one bulk from its cache,
+// napi_skb_cache_get_bulk, each around its frame,
+// __xdp_build_skb_from_frame; counted in cpumap_worker_built and
+// cpumap_worker_bulk_allocs). A frame the poll loop had to build a packet
+// for (a multi-buffer frame of the nonlinear RQ) carries it, and Enqueue
+// takes such packets (cpumap_worker_prebuilt).
 //
 // A Producer belongs to one poll loop, as the kernel's per-CPU
 // xdp_bulk_queue belongs to one CPU: it keeps one bulk queue per entry and
@@ -54,10 +65,11 @@
 // entry's worker goroutine. Map.Stats may be read from any goroutine, and
 // Map.Close called from any goroutine but a worker's.
 //
-// Enqueue takes ownership of the packet. From then on the map owns it until
-// the entry's worker hands it to Receiver.Receive, which takes ownership; or
-// until the map releases it (ring full, invalid entry, Close). Every frame
-// given to Enqueue ends up in exactly one of those two places.
+// EnqueueFrame takes ownership of the frame (Enqueue, of the packet). From
+// then on the map owns it until the entry's worker hands its packet to
+// Receiver.Receive, which takes ownership; or until the map releases it
+// (ring full, invalid entry, Close). Every frame given to EnqueueFrame or
+// Enqueue ends up in exactly one of those two places.
 //
 // # Ordering
 //

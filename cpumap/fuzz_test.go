@@ -34,14 +34,14 @@ func FuzzPrograms(f *testing.F) {
 		defer p.Release()
 		orig := bytes.Clone(p.Linear)
 		for _, prog := range progs {
-			a, e := prog.Run(p)
+			a, e := prog.Run(p.Linear)
 			if a > RedirectXSK {
 				t.Fatalf("%v: got action %d", prog, a)
 			}
 			if a == Redirect && (e < 0 || e >= n) {
 				t.Fatalf("%v: got entry %d, want 0..%d", prog, e, n-1)
 			}
-			if a2, e2 := prog.Run(p); a2 != a || e2 != e {
+			if a2, e2 := prog.Run(p.Linear); a2 != a || e2 != e {
 				t.Fatalf("%v: got %v %d, then %v %d", prog, a, e, a2, e2)
 			}
 			if !bytes.Equal(p.Linear, orig) {
@@ -50,7 +50,7 @@ func FuzzPrograms(f *testing.F) {
 		}
 
 		// xsk:P redirects exactly what drop-port:P drops.
-		if d, _ := progs[4].Run(p); (d == Drop) != (first(progs[5].Run(p)) == RedirectXSK) {
+		if d, _ := progs[4].Run(p.Linear); (d == Drop) != (first(progs[5].Run(p.Linear)) == RedirectXSK) {
 			t.Fatalf("drop-port:%d says %v, xsk:%d disagrees", port, d, port)
 		}
 

@@ -260,7 +260,7 @@ func packetOf(frame []byte) *bufpool.Packet {
 func run(prog Program, frame []byte) (Action, int) {
 	p := packetOf(frame)
 	defer p.Release()
-	return prog.Run(p)
+	return prog.Run(p.Linear)
 }
 
 func mustProgram(t testing.TB, name string, ncpu int) Program {

@@ -220,7 +220,7 @@ func (m *Map) Stats() *Stats { return m.stats }
 func (m *Map) NewProducer() *Producer {
 	pr := &Producer{m: m, bulks: make([]bulkQueue, len(m.entries))}
 	for i := range pr.bulks {
-		pr.bulks[i].q = make([]*bufpool.Packet, m.bulk)
+		pr.bulks[i].q = make([]bufpool.Frame, m.bulk)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -279,7 +279,9 @@ func (m *Map) run(i int, pinErr *error, ready *sync.WaitGroup) {
 	ready.Done()
 
 	st := &m.stats.entries[i]
-	frames := make([]*bufpool.Packet, m.batch)
+	frames := make([]bufpool.Frame, m.batch)
+	pkts := make([]*bufpool.Packet, m.batch)
+	bulk := make([]*bufpool.Packet, m.batch) // the worker's packet cache
 	r := &e.ring
 	var packets int
 	for {
@@ -293,16 +295,17 @@ func (m *Map) run(i int, pinErr *error, ready *sync.WaitGroup) {
 			continue
 		}
 		n := r.pop(frames)
+		ps := build(st, frames[:n], pkts, bulk)
 		now := m.now()
 		if e.list != nil {
-			e.list.ReceiveList(frames[:n], now)
+			e.list.ReceiveList(ps, now)
 			st.Lists.Add(1)
 		} else {
-			for _, p := range frames[:n] {
+			for _, p := range ps {
 				e.recv.Receive(p, now)
 			}
 		}
-		clear(frames[:n])
+		clear(ps)
 		st.Rounds.Add(1)
 		st.Frames.Add(uint64(n))
 		packets += n
@@ -312,6 +315,40 @@ func (m *Map) run(i int, pinErr *error, ready *sync.WaitGroup) {
 		}
 	}
 	m.endBatch(e, st, m.now(), true)
+}
+
+// build turns a round's frames into packets in out, as cpu_map_kthread_run
+// does before it hands them on: the packet structs for the frames that
+// have none come in one bulk from the worker's cache (bulk, as
+// napi_skb_cache_get_bulk fills its skbs array), and each is built around
+// its frame (__xdp_build_skb_from_frame, Frame.Build); a frame that carries
+// a packet the poll loop built (a multi-buffer frame) hands that one on.
+// fs is cleared; out and bulk are at least len(fs) long.
+func build(st *EntryStats, fs []bufpool.Frame, out, bulk []*bufpool.Packet) []*bufpool.Packet {
+	need := 0
+	for i := range fs {
+		if fs[i].Pkt == nil {
+			need++
+		}
+	}
+	if need > 0 {
+		bufpool.NewPackets(bulk[:need])
+		st.BulkAllocs.Add(1)
+	}
+	j := 0
+	for i := range fs {
+		if fs[i].Pkt != nil {
+			out[i] = fs[i].Pkt
+			continue
+		}
+		out[i] = fs[i].Build(bulk[j])
+		bulk[j] = nil
+		j++
+	}
+	clear(fs)
+	st.Built.Add(uint64(need))
+	st.Prebuilt.Add(uint64(len(fs) - need))
+	return out[:len(fs)]
 }
 
 // endBatch is cpu_map_gro_flush: with the ring empty (full) it ends the

@@ -1,6 +1,7 @@
 package cpumap
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/internal/testutil"
 )
 
@@ -487,6 +489,7 @@ func TestStatsEach(t *testing.T) {
 		"cpumap_worker_rounds=2", "cpumap_worker_frames=5",
 		"cpumap_worker_empty_waits=3", "cpumap_worker_end_batches=1",
 		"cpumap_worker_flush_old=0", "cpumap_worker_lists=0",
+		"cpumap_worker_built=0", "cpumap_worker_prebuilt=5", "cpumap_worker_bulk_allocs=0",
 		"cpumap_entry_0_frames=5", "cpumap_entry_0_dropped=2",
 		"cpumap_entry_1_frames=0", "cpumap_entry_1_dropped=0",
 	}
@@ -501,10 +504,90 @@ func TestStatsEach(t *testing.T) {
 	many := newTestMap(t, Config{CPUs: make([]int, 10)}, make([]*recorder, 10)...)
 	var names []string
 	many.Stats().Each(func(name string, _ uint64) { names = append(names, name) })
-	if got, want := len(names), 11+2*8; got != want {
+	if got, want := len(names), 14+2*8; got != want {
 		t.Errorf("10 entries: got %d counters, want %d", got, want)
 	}
 	if got, want := names[len(names)-1], "cpumap_entry_7_dropped"; got != want {
 		t.Errorf("got last counter %q, want %q", got, want)
+	}
+}
+
+// headRecorder is a Receiver that records, for each packet, its tag (the
+// first 8 bytes), whether its linear part is a head frag, its length and
+// its checksum status, and releases it.
+type headRecorder struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	got []string
+}
+
+func (r *headRecorder) Receive(p *bufpool.Packet, _ int64) {
+	r.mu.Lock()
+	r.got = append(r.got, fmt.Sprintf("%d head=%v len=%d csum=%v hdr=%d", tagOf(p), p.Head != nil, p.Len, p.CsumVerified, p.HdrLen))
+	r.mu.Unlock()
+	p.Release()
+}
+func (r *headRecorder) EndBatch(int64) {}
+
+func (r *headRecorder) events() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// TestEnqueueFrameBuilds: a frame enqueued without a packet (the linear
+// RQ's xdp_frame) reaches the worker's Receiver as a packet the worker
+// built around the frame's bytes in their page (a head frag, the frame's
+// length and checksum verdict, headers not parsed), in order with frames
+// that carry a packet the poll loop built; the worker takes the packet
+// structs in one bulk per round; frames the ring has no room for give
+// their page references back.
+func TestEnqueueFrameBuilds(t *testing.T) {
+	pool := testutil.NewPoisonPool(t)
+	rec := &headRecorder{}
+	m, err := New(Config{CPUs: []int{0}, QueueSize: 16, BulkSize: 4, NewReceiver: func(int) Receiver { return rec }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := func(tag uint64, csum bool) bufpool.Frame {
+		pg, err := pool.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint64(pg.Bytes()[256:], tag)
+		return bufpool.Frame{Head: bufpool.Frag{Page: pg, Off: 256, Len: 100}, CsumVerified: csum}
+	}
+	pr := m.NewProducer()
+	pr.EnqueueFrame(0, frame(1, true))
+	pr.Enqueue(0, tagged(t, pool, 2))
+	pr.EnqueueFrame(0, frame(3, false))
+	pr.EnqueueFrame(0, frame(4, true))
+	pr.Flush()
+	want := []string{
+		"1 head=true len=100 csum=true hdr=0",
+		"2 head=false len=72 csum=false hdr=0",
+		"3 head=true len=100 csum=false hdr=0",
+		"4 head=true len=100 csum=true hdr=0",
+	}
+	testutil.WaitFor(t, "4 packets", func() bool { return len(rec.events()) == 4 })
+	if got := rec.events(); !slices.Equal(got, want) {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	st := m.Stats()
+	if b, p, a, r := st.WorkerBuilt(), st.WorkerPrebuilt(), st.WorkerBulkAllocs(), st.WorkerRounds(); b != 3 || p != 1 || a == 0 || a > r {
+		t.Errorf("built %d, prebuilt %d, bulk allocs %d in %d rounds: want 3, 1, and 1 to rounds", b, p, a, r)
+	}
+	// An entry the map does not have, and a closed map: the frames'
+	// pages go back.
+	pr.EnqueueFrame(3, frame(5, true))
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pr.EnqueueFrame(0, frame(6, true))
+	if got := pool.Stats().InUse; got != 0 {
+		t.Errorf("pages in use after close: %d, want 0", got)
+	}
+	if got := st.Dropped.Load(); got != 2 {
+		t.Errorf("dropped: %d, want 2", got)
 	}
 }

@@ -25,15 +25,22 @@ type Producer struct {
 
 // bulkQueue holds frames for one entry until a flush.
 type bulkQueue struct {
-	q []*bufpool.Packet // len BulkSize
+	q []bufpool.Frame // len BulkSize
 	n int
 }
 
-// Enqueue takes ownership of p and queues it for entry. A full bulk queue
-// is flushed into the entry's ring at once. p is released and counted as
+// Enqueue takes ownership of p and queues it for entry, as EnqueueFrame
+// does a frame that carries a packet already built.
+func (pr *Producer) Enqueue(entry int, p *bufpool.Packet) {
+	pr.EnqueueFrame(entry, bufpool.Frame{Pkt: p})
+}
+
+// EnqueueFrame takes ownership of f and queues it for entry
+// (bq_enqueue): the entry's worker builds its packet. A full bulk queue is
+// flushed into the entry's ring at once. f is released and counted as
 // dropped when entry is not in the map (also counted as invalid) or the map
 // is closed. It never blocks on the ring's consumer.
-func (pr *Producer) Enqueue(entry int, p *bufpool.Packet) {
+func (pr *Producer) EnqueueFrame(entry int, f bufpool.Frame) {
 	pr.mu.Lock()
 	if pr.closed || uint(entry) >= uint(len(pr.bulks)) {
 		closed := pr.closed
@@ -44,11 +51,11 @@ func (pr *Producer) Enqueue(entry int, p *bufpool.Packet) {
 		if !closed {
 			st.Invalid.Add(1)
 		}
-		p.Release()
+		f.Release()
 		return
 	}
 	b := &pr.bulks[entry]
-	b.q[b.n] = p
+	b.q[b.n] = f
 	b.n++
 	if b.n == len(b.q) {
 		pr.flush(entry)
@@ -77,8 +84,8 @@ func (pr *Producer) flush(i int) {
 	q := b.q[:b.n]
 	b.n = 0
 	pushed := pr.m.entries[i].ring.push(q)
-	for _, p := range q[pushed:] {
-		p.Release()
+	for _, f := range q[pushed:] {
+		f.Release()
 	}
 	clear(q)
 	st := pr.m.stats
@@ -101,8 +108,8 @@ func (pr *Producer) close() {
 	var n uint64
 	for i := range pr.bulks {
 		b := &pr.bulks[i]
-		for _, p := range b.q[:b.n] {
-			p.Release()
+		for _, f := range b.q[:b.n] {
+			f.Release()
 		}
 		clear(b.q[:b.n])
 		n += uint64(b.n)

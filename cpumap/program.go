@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/ustack/ustack/bufpool"
 )
 
 // Action is a Program's verdict on a frame, as an XDP program's return code.
@@ -42,14 +40,17 @@ func (a Action) String() string {
 	return "action(" + strconv.Itoa(int(a)) + ")"
 }
 
-// Program decides what happens to one frame, in the poll loop. It sees the
-// packet (headers in p.Linear, starting at the Ethernet header) and may
-// rewrite header bytes in p.Linear; it borrows p for the call only. For
+// Program decides what happens to one frame, in the poll loop, before a
+// packet is built for it, as an XDP program runs on the xdp_buff. It sees
+// the frame's bytes from the Ethernet header on (data to data_end: the
+// whole frame in its RX stride on the linear RQ, the first buffer's header
+// copy of a multi-buffer frame) and may rewrite bytes in place; it borrows
+// data for the call only. For
 // Redirect it returns the target entry: an index into the Map's CPU list,
 // not an OS CPU number. Run is called from the poll loop's goroutine; it
 // must not allocate, and must not panic whatever the bytes.
 type Program interface {
-	Run(p *bufpool.Packet) (Action, int)
+	Run(data []byte) (Action, int)
 }
 
 // Limits of the built-in programs.
@@ -125,35 +126,34 @@ func programError(name string, ncpu int, why string) error {
 
 type passProgram struct{}
 
-func (passProgram) Run(*bufpool.Packet) (Action, int) { return Pass, 0 }
-func (passProgram) String() string                    { return "pass" }
+func (passProgram) Run([]byte) (Action, int) { return Pass, 0 }
+func (passProgram) String() string           { return "pass" }
 
 type dropProgram struct{}
 
-func (dropProgram) Run(*bufpool.Packet) (Action, int) { return Drop, 0 }
-func (dropProgram) String() string                    { return "drop" }
+func (dropProgram) Run([]byte) (Action, int) { return Drop, 0 }
+func (dropProgram) String() string           { return "drop" }
 
 // cpuProgram redirects every frame to one entry.
 type cpuProgram int
 
-func (c cpuProgram) Run(*bufpool.Packet) (Action, int) { return Redirect, int(c) }
-func (c cpuProgram) String() string                    { return "cpu:" + strconv.Itoa(int(c)) }
+func (c cpuProgram) Run([]byte) (Action, int) { return Redirect, int(c) }
+func (c cpuProgram) String() string           { return "cpu:" + strconv.Itoa(int(c)) }
 
 // dropPortProgram drops TCP and UDP frames to one destination port. A
 // fragment after the first, which carries no ports, passes.
 type dropPortProgram uint16
 
-func (d dropPortProgram) Run(p *bufpool.Packet) (Action, int) {
-	if toPort(p, uint16(d)) {
+func (d dropPortProgram) Run(b []byte) (Action, int) {
+	if toPort(b, uint16(d)) {
 		return Drop, 0
 	}
 	return Pass, 0
 }
 
-// toPort reports whether p is TCP or UDP to destination port.
-func toPort(p *bufpool.Packet, port uint16) bool {
+// toPort reports whether the frame b is TCP or UDP to destination port.
+func toPort(b []byte, port uint16) bool {
 	var f flow
-	b := p.Linear
 	return parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == port
 }
 
@@ -164,8 +164,8 @@ func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(in
 // after the first among them, pass.
 type xskPortProgram uint16
 
-func (x xskPortProgram) Run(p *bufpool.Packet) (Action, int) {
-	if toPort(p, uint16(x)) {
+func (x xskPortProgram) Run(b []byte) (Action, int) {
+	if toPort(b, uint16(x)) {
 		return RedirectXSK, 0
 	}
 	return Pass, 0
@@ -190,9 +190,8 @@ func newHashProgram(n int) *hashProgram {
 
 func (h *hashProgram) String() string { return "hash" }
 
-func (h *hashProgram) Run(p *bufpool.Packet) (Action, int) {
+func (h *hashProgram) Run(b []byte) (Action, int) {
 	var f flow
-	b := p.Linear
 	if !parseFlow(b, &f) {
 		return Redirect, 0
 	}

@@ -342,7 +342,7 @@ func TestProgramsNoAllocs(t *testing.T) {
 		}
 		allocs := testing.AllocsPerRun(100, func() {
 			for _, p := range ps {
-				prog.Run(p)
+				prog.Run(p.Linear)
 			}
 		})
 		for _, p := range ps {

@@ -21,7 +21,7 @@ const cacheLine = 64
 // about once per bulk rather than at every check.
 type ring struct {
 	// Set up once.
-	slots []*bufpool.Packet
+	slots []bufpool.Frame
 	mask  uint64
 	wake  chan struct{} // capacity 1
 	_     [cacheLine]byte
@@ -50,7 +50,7 @@ type ring struct {
 }
 
 func (r *ring) init(size int) {
-	r.slots = make([]*bufpool.Packet, size)
+	r.slots = make([]bufpool.Frame, size)
 	r.mask = uint64(size - 1)
 	r.wake = make(chan struct{}, 1)
 }
@@ -58,7 +58,7 @@ func (r *ring) init(size int) {
 // push moves as many of ps as fit into the ring and returns how many did;
 // the caller keeps ownership of ps[n:]. It returns 0 once the ring is
 // closed. It wakes the consumer when it finds it asleep.
-func (r *ring) push(ps []*bufpool.Packet) int {
+func (r *ring) push(ps []bufpool.Frame) int {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -89,9 +89,9 @@ func (r *ring) signal() {
 	}
 }
 
-// pop takes up to len(dst) packets into dst and returns the count. Only
+// pop takes up to len(dst) frames into dst and returns the count. Only
 // the consumer calls it.
-func (r *ring) pop(dst []*bufpool.Packet) int {
+func (r *ring) pop(dst []bufpool.Frame) int {
 	h := r.head.Load()
 	if h == r.tailCache {
 		r.tailCache = r.tail.Load()
@@ -99,7 +99,7 @@ func (r *ring) pop(dst []*bufpool.Packet) int {
 	n := min(uint64(len(dst)), r.tailCache-h)
 	for i := range n {
 		s := &r.slots[(h+i)&r.mask]
-		dst[i], *s = *s, nil
+		dst[i], *s = *s, bufpool.Frame{}
 	}
 	r.head.Store(h + n)
 	return int(n)

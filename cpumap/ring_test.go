@@ -13,7 +13,9 @@ import (
 // lockFreeRing is the alternative to ring that BenchmarkRing weighs it
 // against: producers reserve slots with a CAS on tail and publish each slot
 // with an atomic pointer store; the consumer takes a slot when its pointer
-// is set. It is kept here, in a test, as the measured road not taken.
+// is set. It is kept here, in a test, as the measured road not taken; it
+// carries frames that hold a packet only (a pointer per slot), as the
+// ring carried before it held Frame values.
 type lockFreeRing struct {
 	slots []atomic.Pointer[bufpool.Packet]
 	mask  uint64
@@ -28,7 +30,7 @@ func newLockFreeRing(size int) *lockFreeRing {
 	return &lockFreeRing{slots: make([]atomic.Pointer[bufpool.Packet], size), mask: uint64(size - 1)}
 }
 
-func (r *lockFreeRing) push(ps []*bufpool.Packet) int {
+func (r *lockFreeRing) push(ps []bufpool.Frame) int {
 	size := uint64(len(r.slots))
 	for {
 		t := r.tail.Load()
@@ -38,14 +40,14 @@ func (r *lockFreeRing) push(ps []*bufpool.Packet) int {
 		}
 		if r.tail.CompareAndSwap(t, t+n) {
 			for i := range n {
-				r.slots[(t+i)&r.mask].Store(ps[i])
+				r.slots[(t+i)&r.mask].Store(ps[i].Pkt)
 			}
 			return int(n)
 		}
 	}
 }
 
-func (r *lockFreeRing) pop(dst []*bufpool.Packet) int {
+func (r *lockFreeRing) pop(dst []bufpool.Frame) int {
 	h := r.head.Load()
 	n := 0
 	for n < len(dst) {
@@ -55,7 +57,7 @@ func (r *lockFreeRing) pop(dst []*bufpool.Packet) int {
 			break
 		}
 		s.Store(nil)
-		dst[n] = p
+		dst[n] = bufpool.Frame{Pkt: p}
 		n++
 	}
 	r.head.Store(h + uint64(n))
@@ -64,8 +66,8 @@ func (r *lockFreeRing) pop(dst []*bufpool.Packet) int {
 
 // ringer is what BenchmarkRing drives.
 type ringer interface {
-	push([]*bufpool.Packet) int
-	pop([]*bufpool.Packet) int
+	push([]bufpool.Frame) int
+	pop([]bufpool.Frame) int
 }
 
 func newMutexRing(size int) *ring {
@@ -85,10 +87,10 @@ func TestLockFreeRing(t *testing.T) {
 // gets every packet once, in each producer's order.
 func testRingOrder(t *testing.T, r ringer) {
 	const per = 20000
-	ps := make([]*bufpool.Packet, 2*per)
+	ps := make([]bufpool.Frame, 2*per)
 	for i := range ps {
-		ps[i] = bufpool.NewPacket()
-		ps[i].Len = i
+		ps[i].Pkt = bufpool.NewPacket()
+		ps[i].Pkt.Len = i
 	}
 	var wg sync.WaitGroup
 	for k := range 2 {
@@ -105,13 +107,14 @@ func testRingOrder(t *testing.T, r ringer) {
 	}
 	last := [2]int{-1, -1}
 	got := 0
-	dst := make([]*bufpool.Packet, 8)
+	dst := make([]bufpool.Frame, 8)
 	for got < 2*per {
 		n := r.pop(dst)
 		if n == 0 {
 			runtime.Gosched()
 		}
-		for _, p := range dst[:n] {
+		for _, f := range dst[:n] {
+			p := f.Pkt
 			k := p.Len / per
 			if p.Len <= last[k] {
 				t.Fatalf("got packet %d after %d", p.Len, last[k])
@@ -121,8 +124,8 @@ func testRingOrder(t *testing.T, r ringer) {
 		got += n
 	}
 	wg.Wait()
-	for _, p := range ps {
-		p.Release()
+	for _, f := range ps {
+		f.Release()
 	}
 }
 
@@ -147,9 +150,9 @@ func BenchmarkRing(b *testing.B) {
 func benchRing(b *testing.B, r ringer, producers, bulk int) {
 	p := bufpool.NewPacket()
 	defer p.Release()
-	q := make([]*bufpool.Packet, bulk)
+	q := make([]bufpool.Frame, bulk)
 	for i := range q {
-		q[i] = p
+		q[i].Pkt = p
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -164,7 +167,7 @@ func benchRing(b *testing.B, r ringer, producers, bulk int) {
 			}
 		})
 	}
-	dst := make([]*bufpool.Packet, DefaultBatch)
+	dst := make([]bufpool.Frame, DefaultBatch)
 	b.ReportAllocs()
 	var pending int
 	for b.Loop() {

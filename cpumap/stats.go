@@ -49,6 +49,11 @@ type EntryStats struct {
 	FlushOld atomic.Uint64
 	// Lists counts rounds handed over as one list (ListReceiver).
 	Lists atomic.Uint64
+	// Built counts packets the worker built from frames (EnqueueFrame's
+	// frames without a packet), Prebuilt the packets frames carried
+	// (Enqueue's, a multi-buffer frame's), BulkAllocs the rounds that
+	// took packet structs from the cache in one bulk.
+	Built, Prebuilt, BulkAllocs atomic.Uint64
 
 	// Dropped counts frames that did not fit in the entry's ring.
 	Dropped atomic.Uint64
@@ -109,6 +114,24 @@ func (s *Stats) WorkerLists() uint64 {
 	return s.sum(func(e *EntryStats) uint64 { return e.Lists.Load() })
 }
 
+// WorkerBuilt returns the packets all workers built from frames:
+// cpumap_worker_built.
+func (s *Stats) WorkerBuilt() uint64 {
+	return s.sum(func(e *EntryStats) uint64 { return e.Built.Load() })
+}
+
+// WorkerPrebuilt returns the packets frames carried to all workers already
+// built: cpumap_worker_prebuilt.
+func (s *Stats) WorkerPrebuilt() uint64 {
+	return s.sum(func(e *EntryStats) uint64 { return e.Prebuilt.Load() })
+}
+
+// WorkerBulkAllocs returns the bulk takes of packet structs of all
+// workers: cpumap_worker_bulk_allocs.
+func (s *Stats) WorkerBulkAllocs() uint64 {
+	return s.sum(func(e *EntryStats) uint64 { return e.BulkAllocs.Load() })
+}
+
 // BulkSizeAvg returns the average frames per bulk flush (0 before any).
 func (s *Stats) BulkSizeAvg() float64 {
 	n := s.BulkFlushes.Load()
@@ -142,6 +165,9 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("cpumap_worker_end_batches", s.WorkerEndBatches())
 	fn("cpumap_worker_flush_old", s.WorkerFlushOld())
 	fn("cpumap_worker_lists", s.WorkerLists())
+	fn("cpumap_worker_built", s.WorkerBuilt())
+	fn("cpumap_worker_prebuilt", s.WorkerPrebuilt())
+	fn("cpumap_worker_bulk_allocs", s.WorkerBulkAllocs())
 	for i := range len(s.names) / 2 {
 		e := &s.entries[i]
 		fn(s.names[2*i], e.Frames.Load())

@@ -104,6 +104,7 @@ type Driver struct {
 	cfg     Config
 	wire    Wire
 	handler Handler
+	xdp     XDPHandler // handler, when it is one and Config.XDP is set
 	stats   Stats
 	pool    *bufpool.Pool
 
@@ -198,6 +199,9 @@ func (d *Driver) Pool() *bufpool.Pool { return d.pool }
 func (d *Driver) Start(h Handler) {
 	d.startOnce.Do(func() {
 		d.handler = h
+		if x, ok := h.(XDPHandler); ok && d.cfg.XDP {
+			d.xdp = x
+		}
 		go d.nicLoop()
 		go d.pollLoop()
 	})

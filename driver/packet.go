@@ -75,3 +75,20 @@ type Handler interface {
 	// that still holds packets), or 0.
 	Flush(more bool) time.Duration
 }
+
+// XDPHandler is a Handler with an XDP program (Config.XDP set): the poll
+// loop offers it each frame before it builds or delivers a packet, as
+// mlx5's RX handlers run mlx5e_xdp_handle on the xdp_buff over the stride
+// before they build the skb. On the linear RQ the frame is its bytes in
+// the stride (Frame.Head) and no packet exists yet; on the nonlinear RQ
+// (a multi-buffer frame, the cyclic RQ) it is the packet the driver built
+// (Frame.Pkt). Hardware GRO sessions are never offered: an XDP program
+// refuses hardware GRO (Config.Validate).
+type XDPHandler interface {
+	Handler
+	// XDP is called from the poll loop's goroutine. It takes ownership of
+	// f and reports whether it consumed it (dropped, sent or redirected
+	// it); false gives f back to the driver, which builds the packet if
+	// there is none and delivers it (XDP_PASS).
+	XDP(f bufpool.Frame) bool
+}

@@ -160,20 +160,29 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 		}
 		var pkt *Packet
 		if d.nic.linear > 0 && cqe.NFrags == 1 {
-			pkt = d.buildLinear(cqe)
 			linear++
+			linearOnly++
+			f := d.takeLinear(cqe)
+			bytes += uint64(f.Len)
+			if d.xdp != nil && d.xdp.XDP(bufpool.Frame{Head: f, CsumVerified: cqe.Csum != CsumNone}) {
+				continue // consumed before any packet was built
+			}
+			pkt = d.buildLinear(cqe, f)
 		} else {
 			pkt = d.build(cqe)
 			hds += uint64(len(pkt.Linear))
 			if h := cqe.Info.HeaderLen(); len(pkt.Linear) > h {
 				hdsPayload += uint64(len(pkt.Linear) - h)
 			}
+			bytes += uint64(pkt.Len)
+			if len(pkt.Frags) == 0 {
+				linearOnly++
+			}
+			frags += uint64(len(pkt.Frags))
+			if d.xdp != nil && d.xdp.XDP(bufpool.Frame{Pkt: pkt}) {
+				continue
+			}
 		}
-		bytes += uint64(pkt.Len)
-		if len(pkt.Frags) == 0 {
-			linearOnly++
-		}
-		frags += uint64(len(pkt.Frags))
 		d.handler.Deliver(pkt)
 	}
 	// A session still open at the end of the poll goes up now, as mlx5
@@ -313,18 +322,13 @@ func (d *Driver) build(cqe *CQE) *Packet {
 	return pkt
 }
 
-// buildLinear is mlx5e_skb_from_cqe_mpwrq_linear: the packet is built over
-// the frame in its stride, without a copy (mlx5e_build_linear_skb's
-// napi_build_skb): its linear part is the frame, a head frag holding the
-// CQE's page reference (Packet.SetHead), and it has no frags. GRO later
-// moves the payload after the headers into a frag, as skb_gro_receive does
-// with a head_frag skb. The CQE's frame lies in one page (place: a stride
+// takeLinear takes a linear-RQ completion's frame (NFrags 1) as the frag
+// of its stride, with the CQE's page reference. A tunnel frame is
+// decapsulated in place, as build does it by copying: the Ethernet header
+// moves forward over the outer IPv6 header, in the frame's own stride, and
+// takes the inner EtherType. The frame lies in one page (place: a stride
 // never spans two).
-//
-// A tunnel frame is decapsulated in place, as build does it by copying:
-// the Ethernet header moves forward over the outer IPv6 header, in the
-// frame's own stride, and takes the inner EtherType.
-func (d *Driver) buildLinear(cqe *CQE) *Packet {
+func (d *Driver) takeLinear(cqe *CQE) bufpool.Frag {
 	f := cqe.Frags[0]
 	cqe.Frags[0] = bufpool.Frag{}
 	cqe.NFrags = 0
@@ -336,6 +340,16 @@ func (d *Driver) buildLinear(cqe *CQE) *Packet {
 		f.Off += outer
 		f.Len -= outer
 	}
+	return f
+}
+
+// buildLinear is mlx5e_skb_from_cqe_mpwrq_linear: the packet is built over
+// the frame f (takeLinear's) in its stride, without a copy
+// (mlx5e_build_linear_skb's napi_build_skb): its linear part is the frame,
+// a head frag holding f's page reference (Packet.SetHead), and it has no
+// frags. GRO later moves the payload after the headers into a frag, as
+// skb_gro_receive does with a head_frag skb.
+func (d *Driver) buildLinear(cqe *CQE, f bufpool.Frag) *Packet {
 	pkt := bufpool.NewPacket()
 	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize

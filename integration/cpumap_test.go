@@ -15,7 +15,9 @@ import (
 // workers, which run their own GRO (or not) and deliver to gVisor, each
 // round as one list, the NIC's checksum status dropped and checked again.
 // With the program attached the RQ is mlx5's with XDP: at MTU 1500 one
-// frame per page on the linear path, at MTU 9000 the nonlinear path.
+// frame per page on the linear path, redirected as the frame itself and
+// built into a packet by the worker, at MTU 9000 the nonlinear path, whose
+// packets the poll loop builds.
 func TestCPUMapBulk(t *testing.T) {
 	needRoot(t)
 	for i, tc := range []struct {
@@ -45,6 +47,10 @@ func TestCPUMapBulk(t *testing.T) {
 			}
 			if linear := tc.mtu == 1500; (c["rx_skb_linear"] > 0) != linear || (c["rx_skb_nonlinear"] > 0) == linear {
 				t.Errorf("rx_skb_linear %d, rx_skb_nonlinear %d: want only the %s path at MTU %d", c["rx_skb_linear"], c["rx_skb_nonlinear"], map[bool]string{true: "linear", false: "nonlinear"}[linear], tc.mtu)
+			}
+			built, prebuilt := c["cpumap_worker_built"], c["cpumap_worker_prebuilt"]
+			if linear := tc.mtu == 1500; (built > 0) != linear || (prebuilt > 0) == linear {
+				t.Errorf("cpumap_worker_built %d, cpumap_worker_prebuilt %d: want only the worker (linear RQ) or only the poll loop (nonlinear) building at MTU %d", built, prebuilt, tc.mtu)
 			}
 			// The worker takes each round as one list and checks in
 			// software the checksums of each frame the NIC vouched for

@@ -86,7 +86,8 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 }
 
 // Deliver is the receive pipeline: the poll loop hands it each frame the
-// NIC model accepted (driver.Handler), and the call owns it. Before
+// NIC model accepted and the XDP program passed (driver.Handler), and the
+// call owns it. Before
 // Deliver the driver has parsed the frame, verified its checksums, laid it
 // out (LRO, header split), decapsulated it if it came through the tunnel
 // (Config.Tunnel) and recorded it as read (Config.PcapWire). The stages,
@@ -94,12 +95,16 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 // packet's way owns it from then on (it releases or queues it), one that
 // is read only never does:
 //
-//  1. XDP (Config.XDP; runXDP, xdp.go), as the kernel's do_xdp_generic:
-//     the program's verdict drops the frame, sends it back out (XDP_TX),
-//     redirects it to a cpumap worker (Config.CPUMap), which runs stages 2
-//     to 10 on its CPU as cpu_map_kthread_run does, with a GRO engine of
-//     its own unless Config.NoCPUMapGRO, or copies it into the AF_XDP
-//     socket bound by Stack.BindXSK (toXSK, xsk.go). XDP_PASS goes on.
+//  1. XDP (Config.XDP; linkEndpoint.XDP, xdp.go), before Deliver: the
+//     driver's poll offers each frame to the program before it builds a
+//     packet for it (driver.XDPHandler), as mlx5e_xdp_handle runs in
+//     mlx5's RX handlers: the verdict drops the frame, sends it back out
+//     (XDP_TX), redirects it to a cpumap worker (Config.CPUMap), which
+//     builds its packet and runs stages 2 to 10 on its CPU as
+//     cpu_map_kthread_run does, with a GRO engine of its own unless
+//     Config.NoCPUMapGRO, or copies it into the AF_XDP socket bound by
+//     Stack.BindXSK (toXSK, xsk.go). XDP_PASS has the driver build the
+//     packet and Deliver it.
 //  2. GRO (on unless Config.NoGRO; Config.GROFlushTimeout), as
 //     napi_gro_receive: package gro holds the packet to merge with its
 //     flow's next segments (TCP segments; UDP datagrams into trains) and
@@ -137,9 +142,6 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 // Deliver is called by the poll loop only; stages 2 to 10 also run on the
 // cpumap workers.
 func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
-	if e.xdp != nil && e.runXDP(pkt) {
-		return // stage 1: consumed by the XDP program
-	}
 	if e.gro != nil {
 		e.gro.Receive(pkt, e.nowNS()) // stage 2: out through groSink
 		return

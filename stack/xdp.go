@@ -24,33 +24,36 @@ func (s *xdpStats) each(fn func(string, uint64)) {
 	fn("rx_xdp_tx_errors", s.txErrors.Load())
 }
 
-// runXDP runs the XDP program on a frame in the poll loop and reports
-// whether the frame was consumed (dropped, sent back out, redirected to a
-// cpumap entry or copied into the bound AF_XDP socket); a frame that
-// passes goes on to GRO and gVisor.
-func (e *linkEndpoint) runXDP(p *bufpool.Packet) bool {
-	act, entry := e.xdp.Run(p)
+// XDP runs the XDP program on a frame in the poll loop, before any packet
+// is built for it on the linear RQ (driver.XDPHandler; Deliver's stage 1),
+// and reports whether the frame was consumed: dropped, sent back out,
+// redirected to a cpumap entry as the frame itself (the worker builds its
+// packet, as cpu_map_kthread_run builds skbs from xdp_frames) or copied
+// into the bound AF_XDP socket. A frame that passes goes back to the
+// driver, which builds its packet and delivers it to GRO and gVisor.
+func (e *linkEndpoint) XDP(f bufpool.Frame) bool {
+	act, entry := e.xdp.Run(f.Data())
 	switch act {
 	case cpumap.Drop:
 		e.xdpStats.drop.Add(1)
-		p.Release()
+		f.Release()
 		return true
 	case cpumap.TX:
 		e.xdpStats.tx.Add(1)
-		e.xdpTX(p)
+		e.xdpTX(f)
 		return true
 	case cpumap.Redirect:
 		e.xdpStats.redirect.Add(1)
 		if e.cpuProd == nil {
 			// No cpumap to redirect to: the kernel drops (and traces) it.
 			e.xdpStats.drop.Add(1)
-			p.Release()
+			f.Release()
 			return true
 		}
-		e.cpuProd.Enqueue(entry, p)
+		e.cpuProd.EnqueueFrame(entry, f)
 		return true
 	case cpumap.RedirectXSK:
-		if e.toXSK(p) {
+		if e.toXSK(f) {
 			return true
 		}
 		// No socket bound: XDP_PASS, bpf_redirect_map's fallback.
@@ -59,21 +62,33 @@ func (e *linkEndpoint) runXDP(p *bufpool.Packet) bool {
 	return false
 }
 
-// xdpTX sends a frame back out of the wire as it is (XDP_TX) and releases it.
-func (e *linkEndpoint) xdpTX(p *bufpool.Packet) {
-	defer p.Release()
+// frameParts returns f's bytes as the parts of e.xdpParts, in order;
+// the caller hands them back with putParts.
+func (e *linkEndpoint) frameParts(f bufpool.Frame) [][]byte {
 	parts := e.xdpParts[:0]
-	for w := p.Walk(0); w.Next(); {
+	if f.Pkt == nil {
+		return append(parts, f.Head.Bytes())
+	}
+	for w := f.Pkt.Walk(0); w.Next(); {
 		parts = append(parts, w.Bytes())
 	}
+	return parts
+}
+
+func (e *linkEndpoint) putParts(parts [][]byte) {
+	clear(parts)
+	e.xdpParts = parts[:0]
+}
+
+// xdpTX sends a frame back out of the wire as it is (XDP_TX) and releases it.
+func (e *linkEndpoint) xdpTX(f bufpool.Frame) {
+	defer f.Release()
+	parts := e.frameParts(f)
 	var h driver.VirtioNetHdr
 	if err := e.drv.Transmit(&h, parts); err != nil {
 		e.xdpStats.txErrors.Add(1)
 	}
-	for i := range parts {
-		parts[i] = nil
-	}
-	e.xdpParts = parts[:0]
+	e.putParts(parts)
 }
 
 // cpumapRx is one cpumap worker's receiver (cpu_map_kthread_run's side of
@@ -97,22 +112,30 @@ type cpumapCsumStats struct {
 	sw, trusted atomic.Uint64
 }
 
-// csumNone gives p what a CHECKSUM_NONE skb gets: the checksums the NIC
-// verified are verified again in software (as GRO's
-// skb_gro_checksum_validate, or udp_rcv and tcp_v4_rcv without GRO, do for
-// an skb built from an xdp_frame), counted in cpumap_rx_csum_sw. A frame
-// the NIC did not verify goes on unverified: GRO or csumCheck checks it and
-// drops it if bad. A frame the NIC vouched for whose bytes hold no checksum
-// to verify (CHECKSUM_PARTIAL: the sender behind the TAP left it to offload,
-// which a wire never carries) stays trusted, counted in
-// cpumap_rx_csum_trusted. It borrows p.
+// csumNone gives p what a CHECKSUM_NONE skb built from an xdp_frame gets.
+// A packet the worker built around a frame (HdrLen 0: nobody parsed its
+// headers yet, as after __xdp_build_skb_from_frame's eth_type_trans) has
+// them parsed here, for GRO. The checksums the NIC verified are verified
+// again in software (as GRO's skb_gro_checksum_validate, or udp_rcv and
+// tcp_v4_rcv without GRO, do for such an skb), counted in
+// cpumap_rx_csum_sw. A frame the NIC did not verify goes on unverified: GRO
+// or csumCheck checks it and drops it if bad. A frame the NIC vouched for
+// whose bytes hold no checksum to verify (CHECKSUM_PARTIAL: the sender
+// behind the TAP left it to offload, which a wire never carries) stays
+// trusted, counted in cpumap_rx_csum_trusted. It borrows p.
 func (r *cpumapRx) csumNone(p *bufpool.Packet) {
-	if !p.CsumVerified {
+	if !p.CsumVerified && p.HdrLen != 0 {
 		return
 	}
 	frame := r.frame(p)
-	if driver.ParseFrame(frame, &r.fi) == driver.DropNone &&
-		driver.VerifyChecksums(frame, &r.fi, true) == driver.DropNone {
+	parsed := driver.ParseFrame(frame, &r.fi) == driver.DropNone
+	if parsed && p.HdrLen == 0 {
+		p.HdrLen = r.fi.HeaderLen()
+	}
+	if !p.CsumVerified {
+		return
+	}
+	if parsed && driver.VerifyChecksums(frame, &r.fi, true) == driver.DropNone {
 		r.st.sw.Add(1)
 		return
 	}

@@ -180,8 +180,7 @@ func TestXDPDropPort(t *testing.T) {
 // checksum stays valid, as the swap does not change the sum.
 type reflector struct{}
 
-func (reflector) Run(p *bufpool.Packet) (cpumap.Action, int) {
-	l := p.Linear
+func (reflector) Run(l []byte) (cpumap.Action, int) {
 	if len(l) < 14+20+8 || l[12] != 0x08 || l[13] != 0x00 || l[14+9] != 17 || l[14+20+2] != 0 || l[14+20+3] != 7 {
 		return cpumap.Pass, 0
 	}
@@ -238,7 +237,8 @@ func (d *countDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *gstack
 // frame the NIC found bad goes up unverified and is dropped and counted
 // (udp_checksum_errors; with GRO on, also cpumap_rx_gro_csum_bad); a frame
 // the TAP vouched for with no checksum in its bytes (NEEDS_CSUM) stays
-// trusted (cpumap_rx_csum_trusted). With cpumap GRO on and off.
+// trusted (cpumap_rx_csum_trusted). With cpumap GRO on and off, for frames
+// that carry a packet and for frames the worker builds one for.
 func TestCPUMapChecksumNone(t *testing.T) {
 	for _, noGRO := range []bool{false, true} {
 		prog, err := cpumap.ParseProgram("cpu:0", 1)
@@ -255,9 +255,21 @@ func TestCPUMapChecksumNone(t *testing.T) {
 			p := bufpool.NewPacket()
 			p.Linear = append(p.Linear, f...)
 			p.Len, p.HdrLen, p.CsumVerified = len(f), len(f)-100, verified
-			ep.Deliver(p)
+			if !ep.XDP(bufpool.Frame{Pkt: p}) {
+				t.Fatal("XDP: the cpu:0 program passed a frame")
+			}
 		}
 		pool := testutil.NewPoisonPool(t)
+		sendFrame := func(f []byte, verified bool) { // the linear RQ's: no packet yet
+			pg, err := pool.Get()
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(pg.Bytes()[256:], f)
+			if !ep.XDP(bufpool.Frame{Head: bufpool.Frag{Page: pg, Off: 256, Len: uint32(len(f))}, CsumVerified: verified}) {
+				t.Fatal("XDP: the cpu:0 program passed a frame")
+			}
+		}
 		sendSplit := func(f []byte) { // headers linear, payload in a page frag
 			pg, err := pool.Get()
 			if err != nil {
@@ -269,7 +281,9 @@ func TestCPUMapChecksumNone(t *testing.T) {
 			copy(pg.Bytes()[8:], f[hdr:])
 			p.Frags = append(p.Frags, bufpool.Frag{Page: pg, Off: 8, Len: 100})
 			p.Len, p.HdrLen, p.CsumVerified = len(f), hdr, true
-			ep.Deliver(p)
+			if !ep.XDP(bufpool.Frame{Pkt: p}) {
+				t.Fatal("XDP: the cpu:0 program passed a frame")
+			}
 		}
 		bad := csumFrame(true)
 		bad[len(bad)-1] ^= 1
@@ -280,25 +294,31 @@ func TestCPUMapChecksumNone(t *testing.T) {
 		send(bad, false)    // the NIC found it bad: CHECKSUM_NONE already
 		send(partial, true) // NEEDS_CSUM: no checksum in its bytes
 		sendSplit(csumFrame(true))
+		sendFrame(csumFrame(true), true)
+		sendFrame(bad, false)
+		sendFrame(partial, true)
 		ep.Flush(false)                           // the bulk queue goes to the ring
 		if err := ep.cpumap.Close(); err != nil { // drains the ring, flushes GRO
 			t.Fatal(err)
 		}
 		c := map[string]uint64{}
 		ep.eachCPUMapGRO(func(name string, v uint64) { c[name] = v })
-		if got := d.n.Load(); got != 4 {
-			t.Errorf("gro off %v: packets to gVisor: got %d, want 4 (all but the bad one)", noGRO, got)
+		if got := d.n.Load(); got != 6 {
+			t.Errorf("gro off %v: packets to gVisor: got %d, want 6 (all but the bad ones)", noGRO, got)
 		}
-		if got := ep.csum.udp.Load(); got != 1 {
-			t.Errorf("gro off %v: udp_checksum_errors: got %d, want 1", noGRO, got)
+		if got := ep.csum.udp.Load(); got != 2 {
+			t.Errorf("gro off %v: udp_checksum_errors: got %d, want 2", noGRO, got)
 		}
-		if got := c["cpumap_rx_csum_sw"]; got != 3 {
-			t.Errorf("gro off %v: cpumap_rx_csum_sw: got %d, want 3", noGRO, got)
+		if got := c["cpumap_rx_csum_sw"]; got != 4 {
+			t.Errorf("gro off %v: cpumap_rx_csum_sw: got %d, want 4", noGRO, got)
 		}
-		if got := c["cpumap_rx_csum_trusted"]; got != 1 {
-			t.Errorf("gro off %v: cpumap_rx_csum_trusted: got %d, want 1", noGRO, got)
+		if got := c["cpumap_rx_csum_trusted"]; got != 2 {
+			t.Errorf("gro off %v: cpumap_rx_csum_trusted: got %d, want 2", noGRO, got)
 		}
-		if got, want := c["cpumap_rx_gro_csum_bad"], map[bool]uint64{false: 1, true: 0}[noGRO]; got != want {
+		if got := ep.cpumap.Stats().WorkerBuilt(); got != 3 {
+			t.Errorf("gro off %v: cpumap_worker_built: got %d, want 3", noGRO, got)
+		}
+		if got, want := c["cpumap_rx_gro_csum_bad"], map[bool]uint64{false: 2, true: 0}[noGRO]; got != want {
 			t.Errorf("gro off %v: cpumap_rx_gro_csum_bad: got %d, want %d", noGRO, got, want)
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver/xsk"
 )
 
@@ -62,9 +62,9 @@ func (s *Stack) BindXSK(sock *xsk.Socket) error {
 }
 
 // toXSK copies a frame the XDP program redirected into the bound socket,
-// or reports false when none is bound. It releases p when it takes it.
+// or reports false when none is bound. It releases f when it takes it.
 // Called by the poll loop only.
-func (e *linkEndpoint) toXSK(p *driver.Packet) bool {
+func (e *linkEndpoint) toXSK(f bufpool.Frame) bool {
 	if e.xsk.sock.Load() == nil {
 		return false // none bound: no lock
 	}
@@ -75,17 +75,13 @@ func (e *linkEndpoint) toXSK(p *driver.Packet) bool {
 		return false
 	}
 	e.xsk.redirects.Add(1)
-	parts := e.xdpParts[:0]
-	for w := p.Walk(0); w.Next(); {
-		parts = append(parts, w.Bytes())
-	}
+	parts := e.frameParts(f)
 	if e.xsk.inReceive != nil {
 		e.xsk.inReceive()
 	}
 	sock.ReceiveVec(parts) // drops are the socket's to count
-	clear(parts)
-	e.xdpParts = parts[:0]
-	p.Release()
+	e.putParts(parts)
+	f.Release()
 	return true
 }
 
