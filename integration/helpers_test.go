@@ -100,6 +100,20 @@ func newBed(t *testing.T, prefix string, mtu int) *testbed.TAPBed {
 // newBedRig is newRigConfig on a bed of the caller's.
 func newBedRig(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config) *rig {
 	t.Helper()
+	return newBedRigWire(t, bed, mtu, sc, false)
+}
+
+// newPlainRig is newRigConfig with water's plain wire (no virtio-net
+// header, no offloads: -wire plain) instead of ustack's TAP.
+func newPlainRig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
+	t.Helper()
+	return newBedRigWire(t, newBed(t, prefix, mtu), mtu, sc, true)
+}
+
+// newBedRigWire is newBedRig on ustack's TAP with offloads, or on water's
+// plain wire.
+func newBedRigWire(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config, plain bool) *rig {
+	t.Helper()
 	dc := sc.Driver
 	// The pool of sc.Pool (limits, recycling), always poisoning.
 	pc := sc.Pool
@@ -117,14 +131,27 @@ func newBedRig(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config) *rig
 	}
 	dc.MTU = mtu
 	dc.Pool = pool
-	var tap *driver.TAP
+	var w driver.Wire
 	if err := bed.Open(func() (err error) {
-		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
+		if plain {
+			var pw *driver.PlainWire
+			if pw, err = driver.OpenWater(bed.TAPName, driver.MaxFrameLen(mtu)); err == nil {
+				w = pw
+			}
+			return err
+		}
+		var tap *driver.TAP
+		if tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true}); err == nil {
+			w = tap
+		}
 		return err
 	}); err != nil {
+		if w != nil {
+			w.Close()
+		}
 		t.Fatal(err)
 	}
-	sc.Wire = tap // closed by New on error, by the stack's Close otherwise
+	sc.Wire = w // closed by New on error, by the stack's Close otherwise
 	sc.Addrs = []netip.Prefix{bed.StackAddr4, bed.StackAddr6}
 	sc.Driver = dc
 	st, err := stack.New(sc)

@@ -23,6 +23,8 @@ type linkEndpoint struct {
 	drv  *driver.Driver
 	mtu  uint32
 	addr tcpip.LinkAddress
+	// noOffloads: the wire takes no transmit offloads (SupportedGSO).
+	noOffloads bool
 
 	mu sync.RWMutex
 	// +checklocks:mu
@@ -376,8 +378,16 @@ func (e *linkEndpoint) Capabilities() gstack.LinkEndpointCapabilities {
 func (e *linkEndpoint) GSOMaxSize() uint32 { return 1 << 16 }
 
 // SupportedGSO implements gstack.GSOEndpoint: the kernel behind the TAP
-// segments (TSO) and completes checksums for us.
-func (e *linkEndpoint) SupportedGSO() gstack.SupportedGSO { return gstack.HostGSOSupported }
+// segments (TSO) and completes checksums for us. A wire without offloads
+// (driver.PlainWire: Offloads false) gets none: gVisor segments to the MSS
+// and computes every checksum itself, as the kernel's stack does for a
+// device without NETIF_F_TSO and NETIF_F_HW_CSUM.
+func (e *linkEndpoint) SupportedGSO() gstack.SupportedGSO {
+	if e.noOffloads {
+		return gstack.GSONotSupported
+	}
+	return gstack.HostGSOSupported
+}
 
 // Attach implements gstack.LinkEndpoint.
 func (e *linkEndpoint) Attach(d gstack.NetworkDispatcher) {

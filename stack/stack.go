@@ -51,8 +51,10 @@ const nicID tcpip.NICID = 1
 
 // Config configures a Stack.
 type Config struct {
-	// Wire is the link: a driver.TAP or one end of driver.NewMemPair. The
-	// Stack owns it from New on and closes it.
+	// Wire is the link: a driver.TAP, a driver.PlainWire (driver.OpenWater:
+	// no offloads, so the stack computes checksums and segments itself) or
+	// one end of driver.NewMemPair. The Stack owns it from New on and
+	// closes it.
 	Wire driver.Wire
 	// Addrs are the stack's addresses with their subnets; a route to each
 	// subnet is added. There is no default route.
@@ -211,6 +213,9 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	dc = drv.Config()
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
+	if o, ok := cfg.Wire.(interface{ Offloads() bool }); ok && !o.Offloads() {
+		ep.noOffloads = true
+	}
 	ep.pcap = cfg.Pcap
 	if cfg.ZeroCopy {
 		ep.lend = newLendStats(drv.Pool(), cfg.ZeroCopyMaxLent)
@@ -554,6 +559,9 @@ func (s *Stack) Counters() []Counter {
 func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	if s.drv != nil {
 		s.drv.Stats().Each(fn)
+		if w, ok := s.cfg.Wire.(interface{ EachCounter(func(string, uint64)) }); ok {
+			w.EachCounter(fn) // a plain wire's software offloads
+		}
 		s.drv.EachHWGRO(fn)
 		s.drv.Pool().Stats().Each(fn)
 		if s.ep.gro != nil {

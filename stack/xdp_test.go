@@ -34,6 +34,12 @@ func pairConfig(t testing.TB, cfg Config) (rx, peer *Stack) {
 func newPair(t testing.TB, rxCfg, peerCfg Config) (rx, peer *Stack) {
 	t.Helper()
 	a, b := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	return newPairOn(t, a, b, rxCfg, peerCfg)
+}
+
+// newPairOn is newPair on the wires a (the receiver's) and b.
+func newPairOn(t testing.TB, a, b driver.Wire, rxCfg, peerCfg Config) (rx, peer *Stack) {
+	t.Helper()
 	pc := bufpool.Config{Poison: true, RingSize: 1 << 15}
 	if rxCfg.ZeroCopy {
 		pc.Memory = newViewMemory()

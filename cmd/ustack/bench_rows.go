@@ -107,6 +107,7 @@ type benchPolicy struct{ p policy }
 
 func (b benchPolicy) StackConfig() (stack.Config, error) { return b.p.finish() }
 func (b benchPolicy) ReadViews() bool                    { return b.p.views }
+func (b benchPolicy) PlainWire() bool                    { return b.p.plain }
 
 // parseBenchPolicy is policyFromSettings for the bench matrix.
 func parseBenchPolicy(settings []string) (bench.Policy, error) {

@@ -30,6 +30,7 @@ type policy struct {
 
 	xdp    string             // -xdp: parsed by finish, which knows -cpumap's entries
 	views  bool               // -zero-copy views: the discard server reads with ReadViews
+	plain  bool               // -wire plain: water's TAP, no virtio-net header, no offloads
 	tunnel bool               // -tunnel ip6tnl
 	tun    stack.TunnelConfig // -tunnel-local, -tunnel-remote, -tunnel-remote4, -tunnel-addr
 }
@@ -68,6 +69,9 @@ var policies = []policySwitch{
 	{name: "rx-uso", values: "on|off", def: "off", kernel: "virtio-net guest USO (VIRTIO_NET_F_GUEST_USO4/6)",
 		usage: "hand UDP GSO super-frames from the TAP up whole, one packet per 64 datagrams, as virtio-net does (a UDP_GRO socket takes the train, others get it split); off: cut into datagrams, as a NIC receives them",
 		bind:  func(p *policy) any { return (*onOff)(&p.cfg.Driver.RxUSO) }},
+	{name: "wire", values: "offload|plain", def: "offload", kernel: "tun IFF_VNET_HDR and TUNSETOFFLOAD (CSUM, TSO, USO)",
+		usage: "the TAP's wire: ustack's own, with the virtio-net header and offloads (offload), or water's bare frames, one per read, no offloads: the NIC model verifies every checksum and the stack segments and checksums what it sends (plain; the only wire outside Linux)",
+		bind:  func(p *policy) any { return &choice{p: &p.plain, off: "offload", on: "plain"} }},
 	{name: "wire-read", values: "direct|bounce", def: "direct", kernel: "NIC DMA (direct) or a bounce buffer",
 		usage: "how the NIC model reads LRO super-frames: readv straight into the ring's pages, as DMA (direct), or into a buffer, then copied (bounce)",
 		bind:  func(p *policy) any { return &choice{p: &p.cfg.Driver.BounceRead, off: "direct", on: "bounce"} }},

@@ -23,6 +23,7 @@ var policyExamples = map[string][]string{
 	"mtu":               {"9000"},
 	"rq":                {"cyclic", "striding"},
 	"lro":               {"off", "on"},
+	"wire":              {"plain", "offload"},
 	"wire-read":         {"bounce", "direct"},
 	"hds":               {"256", "auto"},
 	"gro":               {"off", "on"},

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,7 +34,8 @@ func runCmd(args []string) error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
-	return newRunner(o, os.Stdout, os.Stderr).run(openTAP, sig)
+	open := func(name string) (driver.Wire, error) { return openWire(name, o.pol.plain, o.cfg.Driver.MTU) }
+	return newRunner(o, os.Stdout, os.Stderr).run(open, sig)
 }
 
 // run builds the stack on the wire open returns, serves and waits for a
@@ -113,8 +115,16 @@ func parseRun(args []string) (*runOptions, error) {
 	return o, nil
 }
 
-// openTAP opens run's TAP.
-func openTAP(name string) (driver.Wire, error) {
+// openWire opens run's TAP: ustack's own TAP code, with the virtio-net
+// header and offloads, or with -wire plain water's bare frames (the only
+// wire outside Linux).
+func openWire(name string, plain bool, mtu int) (driver.Wire, error) {
+	if plain {
+		return driver.OpenWater(name, driver.MaxFrameLen(mtu))
+	}
+	if runtime.GOOS != "linux" {
+		return nil, fmt.Errorf("-wire offload needs Linux's TAP (IFF_VNET_HDR); use -wire plain on %s", runtime.GOOS)
+	}
 	return driver.OpenTAP(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true})
 }
 

@@ -440,18 +440,10 @@ func (e *matrixEnv) ustack(pol Policy, tunnel bool) (st *target, dst netip.Addr,
 			untunnel = cleanup
 		}
 	}
-	var tap *driver.TAP
-	if err := e.bed.Open(func() (err error) {
-		tap, err = driver.OpenTAP(driver.TAPConfig{Name: e.bed.TAPName, VnetHdr: true, Offloads: true})
-		return err
-	}); err != nil {
-		if tap != nil {
-			tap.Close()
-		}
+	if err := openWire(e.bed, pol, &cfg); err != nil {
 		untunnel()
 		return nil, dst, nil, err
 	}
-	cfg.Wire = tap
 	s, err := stack.New(cfg) // closes the TAP on error
 	if err != nil {
 		untunnel()

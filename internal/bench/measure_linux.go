@@ -165,14 +165,9 @@ func openTarget(bed *testbed.TAPBed, row Row) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tap *driver.TAP
-	if err := bed.Open(func() (err error) {
-		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
-		return err
-	}); err != nil {
+	if err := openWire(bed, row.Policy, &cfg); err != nil {
 		return nil, err
 	}
-	cfg.Wire = tap
 	cfg.Addrs = addrs
 	st, err := stack.New(cfg)
 	if err != nil {

@@ -18,6 +18,10 @@ type Policy interface {
 	// ReadViews reports whether the TCP reader takes the payload in place
 	// with stack.TCPConn.ReadViews (-zero-copy views) rather than with Read.
 	ReadViews() bool
+	// PlainWire reports whether the stack's wire is water's plain TAP (no
+	// virtio-net header, no offloads: -wire plain) rather than ustack's
+	// own with offloads.
+	PlainWire() bool
 }
 
 // ParsePolicy builds the Policy of name=value switch settings, later ones

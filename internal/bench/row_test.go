@@ -12,6 +12,7 @@ type fakePolicy struct{ views bool }
 
 func (fakePolicy) StackConfig() (stack.Config, error) { return stack.Config{}, nil }
 func (p fakePolicy) ReadViews() bool                  { return p.views }
+func (p fakePolicy) PlainWire() bool                  { return false }
 
 // TestDiscard checks the reader of each kind of row, the stock endpoint's
 // (no Policy) included.

@@ -1,0 +1,40 @@
+package bench
+
+import (
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testbed"
+	"github.com/ustack/ustack/stack"
+)
+
+// openWire opens the bed's TAP as the wire of a stack with cfg: ustack's
+// own TAP code with the virtio-net header and offloads, or, for a policy
+// with a plain wire (-wire plain), water's bare frames without offloads.
+// It waits for the link as bed.Open does; on error whatever it opened is
+// closed.
+func openWire(bed *testbed.TAPBed, p Policy, cfg *stack.Config) error {
+	var w driver.Wire
+	err := bed.Open(func() (err error) {
+		if p.PlainWire() {
+			var pw *driver.PlainWire
+			pw, err = driver.OpenWater(bed.TAPName, driver.MaxFrameLen(cfg.Driver.MTU))
+			if err == nil {
+				w = pw
+			}
+			return err
+		}
+		var tap *driver.TAP
+		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
+		if err == nil {
+			w = tap
+		}
+		return err
+	})
+	if err != nil {
+		if w != nil {
+			w.Close()
+		}
+		return err
+	}
+	cfg.Wire = w
+	return nil
+}
