@@ -18,13 +18,18 @@ import (
 // plain wire that `ustack run -wire plain` compares against it. water
 // always sets or clears the device's persist flag (TUNSETPERSIST); on
 // Linux OpenWater keeps a device that already existed persistent (as `ip
-// tuntap add` made it) and lets one it creates vanish when it is closed.
+// tuntap add` made it) and lets one it creates vanish when it is closed,
+// and it clears the offloads an earlier user left on the device
+// (TUNSETOFFLOAD 0), which water does not.
 func OpenWater(name string, maxFrame int) (*PlainWire, error) {
 	ifce, err := water.New(water.Config{DeviceType: water.TAP, PlatformSpecificParams: waterParams(name)})
 	if err != nil {
 		return nil, fmt.Errorf("driver: open TAP %q with water: %w", name, err)
 	}
-	waterCloseOnExec(ifce.ReadWriteCloser)
+	if err := waterSetup(ifce.ReadWriteCloser); err != nil {
+		ifce.Close()
+		return nil, fmt.Errorf("driver: open TAP %q with water: %w", name, err)
+	}
 	w := NewPlainWire(ifce.ReadWriteCloser, maxFrame)
 	w.name = ifce.Name()
 	return w, nil

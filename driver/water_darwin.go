@@ -12,4 +12,4 @@ func waterParams(name string) water.PlatformSpecificParams {
 	return water.PlatformSpecificParams{Name: name, Driver: water.MacOSDriverTunTapOSX}
 }
 
-func waterCloseOnExec(io.ReadWriteCloser) {}
+func waterSetup(io.ReadWriteCloser) error { return nil }

@@ -12,4 +12,4 @@ import (
 // reports that it is not implemented on this platform).
 func waterParams(string) water.PlatformSpecificParams { return water.PlatformSpecificParams{} }
 
-func waterCloseOnExec(io.ReadWriteCloser) {}
+func waterSetup(io.ReadWriteCloser) error { return nil }

@@ -11,4 +11,4 @@ func waterParams(name string) water.PlatformSpecificParams {
 	return water.PlatformSpecificParams{ComponentID: "tap0901", InterfaceName: name}
 }
 
-func waterCloseOnExec(io.ReadWriteCloser) {}
+func waterSetup(io.ReadWriteCloser) error { return nil }

@@ -103,13 +103,6 @@ func newBedRig(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config) *rig
 	return newBedRigWire(t, bed, mtu, sc, false)
 }
 
-// newPlainRig is newRigConfig with water's plain wire (no virtio-net
-// header, no offloads: -wire plain) instead of ustack's TAP.
-func newPlainRig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
-	t.Helper()
-	return newBedRigWire(t, newBed(t, prefix, mtu), mtu, sc, true)
-}
-
 // newBedRigWire is newBedRig on ustack's TAP with offloads, or on water's
 // plain wire.
 func newBedRigWire(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config, plain bool) *rig {
