@@ -87,10 +87,16 @@ var rxPacketsLine = regexp.MustCompile(`(?m)^\s+rx_packets: (\d+)$`)
 // TestRunBinary runs `ustack run` on a TAP in a namespace and talks to it
 // from the kernel's side: ping (ARP and NDP), TCP and UDP echo, TCP
 // discard; then stops it with SIGTERM and checks its exit and its final
-// counters.
+// counters. Over ustack's TAP with offloads and over water's plain wire
+// (-wire plain).
 func TestRunBinary(t *testing.T) {
 	needRoot(t)
-	r, cmd, stdout, stderr, exited := startRunBinary(t, "usit-run", "-discard", ":9", "-echo", ":7", "-stats", "1s")
+	t.Run("wire-offload", func(t *testing.T) { testRunBinary(t, "usit-run") })
+	t.Run("wire-plain", func(t *testing.T) { testRunBinary(t, "usit-runp", "-wire", "plain") })
+}
+
+func testRunBinary(t *testing.T, prefix string, args ...string) {
+	r, cmd, stdout, stderr, exited := startRunBinary(t, prefix, append([]string{"-discard", ":9", "-echo", ":7", "-stats", "1s"}, args...)...)
 	bed := r.bed // the stack is the binary's
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
