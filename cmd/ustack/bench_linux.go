@@ -33,6 +33,7 @@ func benchCmd(args []string) error {
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
 		rr      = fs.Bool("rr", false, "measure TCP request/response latency (issue 18): ustack's echo against the kernel's TCP over a veth, 64 B, one connection")
+		spf     = fs.Bool("sockperf", false, "measure with Debian's sockperf client (issue 18): ping-pong, 64 B, TCP and UDP, against ustack's sockperf server and the kernel's `sockperf server` over a veth")
 		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole run (every row) to this file")
 		client  = fs.String("client", bench.ClientBuiltin, "TCP sender: builtin (ustack send, a kernel socket of ours) or iperf3 (the iperf3 client against ustack's iperf3 server)")
 	)
@@ -89,7 +90,7 @@ func benchCmd(args []string) error {
 	defer stopSig()
 	defer bed.Close()
 	var peer *bench.KernelPeer
-	if *kernel && !*rr && !*cpump {
+	if *kernel && !*rr && !*cpump && !*spf {
 		if peer, err = bench.NewKernelPeer(bed, *mtu); err != nil {
 			return err
 		}
@@ -104,6 +105,9 @@ func benchCmd(args []string) error {
 	}
 	if *rr {
 		return bench.RR(bed, exe, rrRows(*mtu), 64, *dur, *rounds)
+	}
+	if *spf {
+		return bench.Sockperf(bed, rrRows(*mtu), 64, *dur, *rounds)
 	}
 	if *cpump {
 		return bench.CPUMap(bed, exe, cpumapPaths(*mtu), *dur, *rounds)

@@ -41,22 +41,11 @@ type rrSample struct {
 // times. It prints transactions/s, median and p99 latency, CPU per
 // transaction and the ratio to the kernel.
 func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration, rounds int) error {
-	rx, err := testbed.NewNetns("ustack-rr-rx")
+	rx, closeRx, err := rrPeer(bed, rows[0].MTU)
 	if err != nil {
 		return err
 	}
-	defer rx.Close()
-	stopSig := testbed.CleanupOnSignal(rx)
-	defer stopSig()
-	if err := testbed.NewVethPair(bed.NS, rx, "urr0", "urr1", rows[0].MTU); err != nil {
-		return err
-	}
-	if err := bed.NS.IP("addr", "add", rrVethClient.String(), "dev", "urr0"); err != nil {
-		return err
-	}
-	if err := rx.IP("addr", "add", rrVethServer.String(), "dev", "urr1"); err != nil {
-		return err
-	}
+	defer closeRx()
 	fmt.Printf("ustack bench -rr: TCP_RR %d B, one connection, TCP_NODELAY; client `ustack send -mode rr` in netns %s -> TAP -> ustack's echo, and -> veth -> the kernel's TCP in netns %s with the same Go echo; %v per run, %d rounds interleaved\n",
 		size, bed.NS.Name, rx.Name, dur, rounds)
 	names := []string{}
@@ -82,6 +71,31 @@ func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration
 		}
 	}
 	return printRR(os.Stdout, names, samples)
+}
+
+// rrPeer builds the kernel server's namespace and the veth pair to it from
+// the bed's namespace (rrVethClient to rrVethServer), removed by the
+// returned func, also on a signal.
+func rrPeer(bed *testbed.TAPBed, mtu int) (*testbed.Netns, func(), error) {
+	rx, err := testbed.NewNetns("ustack-rr-rx")
+	if err != nil {
+		return nil, nil, err
+	}
+	stopSig := testbed.CleanupOnSignal(rx)
+	closeRx := func() { stopSig(); rx.Close() }
+	if err := testbed.NewVethPair(bed.NS, rx, "urr0", "urr1", mtu); err != nil {
+		closeRx()
+		return nil, nil, err
+	}
+	if err := bed.NS.IP("addr", "add", rrVethClient.String(), "dev", "urr0"); err != nil {
+		closeRx()
+		return nil, nil, err
+	}
+	if err := rx.IP("addr", "add", rrVethServer.String(), "dev", "urr1"); err != nil {
+		closeRx()
+		return nil, nil, err
+	}
+	return rx, closeRx, nil
 }
 
 // printRR prints RR's table: medians of the rounds with the min-max
