@@ -243,6 +243,13 @@ type Config struct {
 	// XDPHeadroom before it (mlx5e_rx_get_linear_stride_sz: "XDP in mlx5e
 	// doesn't support multiple packets per page"; mlx5e_get_linear_rq_headroom).
 	XDP bool
+	// L3 says the wire's frames start at their IP header: a TUN device
+	// (IFF_TUN|IFF_NO_PI). The NIC model then parses frames without an
+	// Ethernet header (ParseL3Frame: FrameInfo.L2Len 0), has no MAC
+	// address to filter on, and its completions carry no L2; header split,
+	// LRO, hardware GRO and GSO work on the IP packet. The tunnel and an
+	// XDP program, which read an Ethernet header, are refused.
+	L3 bool
 	// Reservation is the data reservation of one hardware GRO session
 	// (default DefaultReservation).
 	Reservation int
@@ -341,6 +348,9 @@ func (c *Config) setDefaults() error {
 	}
 	if err := c.Tunnel.validate(); err != nil {
 		return err
+	}
+	if c.L3 && (c.XDP || len(c.Tunnel.Local) > 0) {
+		return fmt.Errorf("l3 (a TUN device) with xdp or the tunnel: both read an Ethernet header, which a TUN's frames do not have")
 	}
 	if c.RQ != RQStriding && c.RQ != RQCyclic {
 		return fmt.Errorf("rq mode %d unknown", c.RQ)

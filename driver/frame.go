@@ -142,6 +142,27 @@ func ParseFrame(frame []byte, fi *FrameInfo) Drop {
 	}
 }
 
+// ParseL3Frame is ParseFrame for a frame that starts at its IP header, as
+// a TUN device's frames do (IFF_TUN|IFF_NO_PI): L2Len is 0 and EtherType is
+// the one of the IP version in the first nibble (as tun_get_user takes
+// skb->protocol from it without IFF_NO_PI's header). A frame that is
+// neither IPv4 nor IPv6 is DropBadIPVersion.
+func ParseL3Frame(frame []byte, fi *FrameInfo) Drop {
+	*fi = FrameInfo{}
+	if len(frame) == 0 {
+		return DropShortIP
+	}
+	switch frame[0] >> 4 {
+	case header.IPv4Version:
+		fi.EtherType = etherTypeIPv4
+		return parseIPv4(frame, fi)
+	case header.IPv6Version:
+		fi.EtherType = etherTypeIPv6
+		return parseIPv6(frame, fi)
+	}
+	return DropBadIPVersion
+}
+
 // parseIPv4 parses the IPv4 header at fi.L2Len and what follows it.
 func parseIPv4(frame []byte, fi *FrameInfo) Drop {
 	ip := header.IPv4(frame[fi.L2Len:])

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
-
-	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 const (
@@ -126,7 +124,7 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 		minL4 = tcpMinHdrLen
 	}
 	l2, l3Len, l4Len := fi.L2Len, fi.L3Len, fi.L4Len
-	if l2 < header.EthernetMinimumSize || l2 > maxGSOHeaderLen ||
+	if l2 < 0 || l2 > maxGSOHeaderLen ||
 		l3Len < minL3 || l3Len > maxGSOHeaderLen ||
 		l4Len < minL4 || l4Len > maxGSOHeaderLen || l4Len%2 != 0 ||
 		fi.IPLen < 0 || fi.IPLen > len(frame) {
@@ -135,6 +133,11 @@ func (s *Segmenter) Segment(h *VirtioNetHdr, frame []byte, fi *FrameInfo, sink S
 	hl := l2 + l3Len + l4Len
 	end := l2 + fi.IPLen
 	if hl > end || end > len(frame) || hl > len(s.hdr) {
+		return 0, DropBadGSO
+	}
+	// The IP header at l2 is of fi's version: L2Len 0 is a TUN's frame
+	// (ParseL3Frame), not an Ethernet frame read from its start.
+	if v := frame[l2] >> 4; (fi.L3 == L3IPv4) != (v == 4) || (fi.L3 == L3IPv6) != (v == 6) {
 		return 0, DropBadGSO
 	}
 

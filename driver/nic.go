@@ -60,6 +60,7 @@ type nicState struct {
 	segs      segPlacer // places the segments receiveGSO cuts a super-frame into
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
+	l3       bool       // frames start at the IP header (Config.L3: a TUN)
 
 	// Direct reads (Config.BounceRead off): vr reads a frame's virtio-net
 	// header and first directHead bytes into rbuf and the rest straight
@@ -107,6 +108,9 @@ func (n *nicState) init(d *Driver) {
 	n.maxFrame = d.cfg.maxFrame()
 	n.tunLocal = d.cfg.Tunnel.locals()
 	n.wireMax = d.cfg.MTU + header.EthernetMinimumSize + hdr.VLANTagLen
+	if n.l3 = d.cfg.L3; n.l3 {
+		n.wireMax = d.cfg.MTU
+	}
 	n.wqeBytes = d.cfg.WQEBytes
 	n.linear, n.linearHR = d.cfg.LinearStride(), d.cfg.LinearHeadroom()
 	if n.oneFrame = d.cfg.RQ == RQCyclic || d.cfg.PagePerFrame; n.oneFrame {
@@ -242,7 +246,7 @@ func (n *nicState) directOK(b []byte, inRing int) bool {
 		return false
 	}
 	fi := &n.fi
-	if ParseFrame(frame, fi) != DropNone || fi.VLAN || fi.L4 != l4 || fi.HeaderLen() > directHead {
+	if n.parse(frame, fi) != DropNone || fi.VLAN || fi.L4 != l4 || fi.HeaderLen() > directHead {
 		return false
 	}
 	if len(n.tunLocal) > 0 {
@@ -281,16 +285,18 @@ func (n *nicState) receive(b []byte, inRing int) {
 	if t := d.cfg.WireTap; t != nil {
 		t.WriteFrame(time.Now(), frame)
 	}
-	if len(frame) < 14 {
-		n.dropped(DropShortEther)
-		return
-	}
-	if drop := n.filterMAC(frame); drop != DropNone {
-		n.dropped(drop)
-		return
+	if !n.l3 {
+		if len(frame) < header.EthernetMinimumSize {
+			n.dropped(DropShortEther)
+			return
+		}
+		if drop := n.filterMAC(frame); drop != DropNone {
+			n.dropped(drop)
+			return
+		}
 	}
 	fi := &n.fi
-	if drop := ParseFrame(frame, fi); drop != DropNone {
+	if drop := n.parse(frame, fi); drop != DropNone {
 		n.dropped(drop)
 		return
 	}
@@ -424,6 +430,14 @@ func (n *nicState) checksum(h *VirtioNetHdr, frame []byte, fi *FrameInfo) (CsumS
 	}
 	st.CsumNone.Add(1)
 	return CsumNone, DropNone
+}
+
+// parse is ParseFrame, or ParseL3Frame on a TUN's wire (Config.L3).
+func (n *nicState) parse(frame []byte, fi *FrameInfo) Drop {
+	if n.l3 {
+		return ParseL3Frame(frame, fi)
+	}
+	return ParseFrame(frame, fi)
 }
 
 // filterMAC is the NIC's address filter: our unicast address, broadcast,

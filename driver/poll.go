@@ -5,10 +5,7 @@ import (
 	"runtime"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/tcpip/header"
-
 	"github.com/ustack/ustack/bufpool"
-	"github.com/ustack/ustack/internal/hdr"
 )
 
 // pollLoop is the driver's NAPI context. Pinned (Config.PollCPUs), it is
@@ -239,10 +236,7 @@ func (d *Driver) headerCopyLen(cqe *CQE) int {
 // option. It errs on the side of copying too little: IP options and IPv6
 // extension headers are left in the payload.
 func MinHeaderLen(fi *FrameInfo) int {
-	n := header.EthernetMinimumSize // sizeof(struct ethhdr)
-	if fi.VLAN {
-		n += hdr.VLANTagLen // VLAN_HLEN
-	}
+	n := fi.L2Len // sizeof(struct ethhdr), with VLAN_HLEN if tagged; 0 on a TUN's wire
 	switch fi.L3 {
 	case L3IPv4:
 		n += 20 // sizeof(struct iphdr)

@@ -64,9 +64,15 @@ type TAPConfig struct {
 	// kernel may then hand over frames with partial checksums and TCP or
 	// UDP GSO super-frames. Requires VnetHdr.
 	Offloads bool
+	// TUN opens a layer 3 device (IFF_TUN) instead of a TAP: frames start
+	// at the IP header, with no Ethernet header (the driver's Config.L3),
+	// as wireguard-go's tun_linux.go opens one (IFF_TUN|IFF_NO_PI|
+	// IFF_VNET_HDR, TUNSETOFFLOAD with CSUM, TSO4/6 and USO4/6).
+	TUN bool
 }
 
-// TAP is a Wire over a Linux TAP device. Read must be called by one
+// TAP is a Wire over a Linux TAP device (or a TUN device, TAPConfig.TUN).
+// Read must be called by one
 // goroutine at a time; Write may be called from several concurrently;
 // Close from any goroutine at any time.
 type TAP struct {
@@ -127,6 +133,9 @@ func (t *TAP) setup(cfg TAPConfig) error {
 		return err
 	}
 	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if cfg.TUN {
+		flags = unix.IFF_TUN | unix.IFF_NO_PI
+	}
 	if cfg.VnetHdr {
 		flags |= unix.IFF_VNET_HDR
 	}

@@ -12,6 +12,8 @@ type TAPConfig struct {
 	VnetHdr bool
 	// Offloads enables checksum and segmentation offloads.
 	Offloads bool
+	// TUN opens a layer 3 device instead of a TAP.
+	TUN bool
 }
 
 // TAP is a Wire over a Linux TAP device; elsewhere every method returns
