@@ -43,6 +43,10 @@ type Config struct {
 	// total length; IPv6 40 plus payload length). 0 or more than 65535
 	// means 65535.
 	MaxSize int
+	// L3 says packets start at their IP header, with no Ethernet header:
+	// a TUN device's (driver.Config.L3). The flow key then has no MAC
+	// addresses.
+	L3 bool
 }
 
 // entry is one held packet: the head of a merged packet, its chain's tail,
@@ -89,6 +93,7 @@ func (b *bucket) find(k *flowKey) int {
 // New.
 type Engine struct {
 	sink    Sink
+	l2      int // the IP header's offset: the Ethernet header's length, 0 with Config.L3
 	timeout int64 // FlushTimeout in ns; 0 flushes at each batch end
 	maxSize int
 
@@ -101,7 +106,10 @@ type Engine struct {
 
 // New returns an engine that hands packets up to sink.
 func New(cfg Config, sink Sink) *Engine {
-	e := &Engine{sink: sink, timeout: int64(max(cfg.FlushTimeout, 0)), maxSize: cfg.MaxSize}
+	e := &Engine{sink: sink, timeout: int64(max(cfg.FlushTimeout, 0)), maxSize: cfg.MaxSize, l2: header.EthernetMinimumSize}
+	if cfg.L3 {
+		e.l2 = 0
+	}
 	if e.maxSize <= 0 || e.maxSize > maxIPLen {
 		e.maxSize = maxIPLen
 	}
@@ -123,7 +131,7 @@ func (e *Engine) Held() int { return e.held }
 // first. now is a monotonic clock in ns, the same clock that EndBatch and
 // FlushOlderThan are given.
 func (e *Engine) Receive(p *bufpool.Packet, now int64) {
-	var s segInfo
+	s := segInfo{l2: e.l2}
 	switch parse(p, &s) {
 	case passOther:
 		// Up at once, ahead of whatever is held, as dev_gro_receive's
@@ -225,7 +233,7 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 		key:     s.key,
 		born:    now,
 		l4:      s.l4,
-		ipLen:   s.hlen - header.EthernetMinimumSize + s.payload,
+		ipLen:   s.hlen - e.l2 + s.payload,
 		mss:     mss,
 		segs:    s.segs,
 		nextSeq: s.seq + uint32(s.payload),
@@ -330,13 +338,14 @@ func (e *Engine) mergeUDP(ent *entry, p *bufpool.Packet, s *segInfo) (merged, do
 // IPv6 (the same traffic class and hop limit; the flow label is part of the
 // flow). It records the ID pattern when it is decided.
 func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
-	const ip = header.EthernetMinimumSize
+	ip := e.l2
 	if ent.v6 {
 		// "first_word & htonl(0x0FF00000)", "iph->hop_limit ^
 		// iph2->hop_limit".
 		return (be32(h[ip:])^be32(n[ip:]))&0x0ff00000 == 0 && h[ip+7] == n[ip+7]
 	}
-	const tos, flags, ttl, df = ip + 1, ip + 6, ip + 8, 0x40
+	const df = 0x40
+	tos, flags, ttl := ip+1, ip+6, ip+8
 	if h[tos] != n[tos] || h[ttl] != n[ttl] || (h[flags]^n[flags])&df != 0 {
 		return false
 	}
@@ -461,9 +470,9 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 	if ent.segs > 1 {
 		l := h.Linear
 		if ent.v6 {
-			be16put(l[header.EthernetMinimumSize+4:], uint16(ent.ipLen-ipv6HdrLen))
+			be16put(l[e.l2+4:], uint16(ent.ipLen-ipv6HdrLen))
 		} else {
-			ip := l[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen]
+			ip := l[e.l2 : e.l2+ipv4HdrLen]
 			be16put(ip[2:], uint16(ent.ipLen))
 			be16put(ip[10:], 0)
 			be16put(ip[10:], ^hdr.IPv4HeaderSum(ip))
@@ -473,13 +482,13 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 			// CsumVerified, as the kernel's CHECKSUM_UNNECESSARY.
 			l[ent.l4+13] |= ent.flags
 		} else {
-			be16put(l[ent.l4+4:], uint16(ent.ipLen-(ent.l4-header.EthernetMinimumSize)))
+			be16put(l[ent.l4+4:], uint16(ent.ipLen-(ent.l4-e.l2)))
 		}
 		h.Segs = uint16(ent.segs)
 		h.GSOSize = uint16(ent.mss)
 		e.stats.Packets.Add(uint64(ent.segs))
 		e.stats.SKBs.Add(1)
-		e.stats.Bytes.Add(uint64(header.EthernetMinimumSize + ent.ipLen))
+		e.stats.Bytes.Add(uint64(e.l2 + ent.ipLen))
 	}
 	e.stats.SegsHist[segsBucket(ent.segs)].Add(1)
 	e.stats.flushCounter(why).Add(1)

@@ -552,7 +552,7 @@ func TestEvict(t *testing.T) {
 			var other uint16
 			bucketOf := func(port uint16) int {
 				b := bd.build(seg{v6: v6, n: 10, sport: port})
-				var s segInfo
+				s := segInfo{l2: header.EthernetMinimumSize}
 				p := b.packet(w, layoutSplit)
 				defer p.Release()
 				if v := parse(p, &s); v != candidate {

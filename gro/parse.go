@@ -94,6 +94,7 @@ const (
 // segInfo is what parse learns from a packet's headers. It holds no
 // reference to the packet.
 type segInfo struct {
+	l2      int // offset of the IP header: the Ethernet header's length, or 0 (Config.L3)
 	key     flowKey
 	proto   uint8 // protoTCP, protoUDP
 	v6      bool
@@ -135,6 +136,19 @@ func be64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 // p.CsumVerified, as the kernel's CHECKSUM_UNNECESSARY after GRO verified it.
 func parse(p *bufpool.Packet, s *segInfo) verdict {
 	b := p.Linear
+	if s.l2 == 0 {
+		// A TUN's packet (Config.L3): the IP version says which.
+		if len(b) == 0 {
+			return passOther
+		}
+		switch b[0] >> 4 {
+		case header.IPv4Version:
+			return parse4(p, b, s)
+		case header.IPv6Version:
+			return parse6(p, b, s)
+		}
+		return passOther
+	}
 	// No VLAN tag: the driver drops VLAN-tagged frames.
 	if len(b) < header.EthernetMinimumSize {
 		return passOther
@@ -148,22 +162,31 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 	return passOther
 }
 
+// macKey returns the Ethernet addresses of the frame b for a flow key's f
+// and g (the upper half), or zeros for a TUN's packet, which has none.
+func macKey(b []byte, l2 int) (f, g uint64) {
+	if l2 == 0 {
+		return 0, 0
+	}
+	return be64(b), uint64(be32(b[8:])) << 32
+}
+
 // parse4 parses an IPv4 packet (RFC 791 section 3.1) as inet_gro_receive
 // does.
 func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
-	if len(b) < header.EthernetMinimumSize+ipv4HdrLen {
+	if len(b) < s.l2+ipv4HdrLen {
 		return passOther
 	}
 	// The fixed header only: the one GRO merges (one with options is
 	// handed up), and a view of known length needs no further bounds check.
-	ip := header.IPv4(b[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv4HdrLen])
+	ip := header.IPv4(b[s.l2 : s.l2+ipv4HdrLen])
 	proto := ip.Protocol()
 	if proto != protoTCP && proto != protoUDP {
 		// inet_offloads[proto] has no gro_receive (ustack merges no
 		// tunnel).
 		return passOther
 	}
-	if b[header.EthernetMinimumSize] != 0x45 || hdr.IsIPv4Fragment(ip) || hdr.IPv4HeaderSum(ip) != 0xffff {
+	if b[s.l2] != 0x45 || hdr.IsIPv4Fragment(ip) || hdr.IPv4HeaderSum(ip) != 0xffff {
 		// inet_gro_receive: "*(u8 *)iph != 0x45" (IP options, or not
 		// version 4), ip_is_fragment, ip_fast_csum.
 		return passOther
@@ -171,10 +194,11 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	s.v6, s.proto = false, proto
 	// The Ethernet header is part of the flow (gro_list_prepare:
 	// compare_ether_header): destination and source in f and g.
+	f, g := macKey(b, s.l2)
 	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice())),
-		f: be64(b), g: uint64(be32(b[8:])) << 32}
+		f: f, g: g}
 	s.key.setProto(4, proto)
-	s.l4 = header.EthernetMinimumSize + ipv4HdrLen
+	s.l4 = s.l2 + ipv4HdrLen
 	s.id = ip.ID()
 	tot := int(ip.TotalLength())
 	// inet_gro_receive's flush: "(ntohl(*(__be32 *)iph) ^
@@ -182,7 +206,7 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	// length is not the frame's (padding), or the reserved flag is set
 	// (MF and the offset were handed up above).
 	n := frameLen(p)
-	ipFlush := tot != n-header.EthernetMinimumSize || ip.Flags()&ipv4FlagReserved != 0
+	ipFlush := tot != n-s.l2 || ip.Flags()&ipv4FlagReserved != 0
 	return parseL4(p, b, s, ip.SourceAddressSlice(), ip.DestinationAddressSlice(), n, ipFlush)
 }
 
@@ -191,16 +215,16 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 // routing, destination options: INET6_PROTO_GSO_EXTHDR) are part of the
 // flow, byte for byte; any other (a fragment header) is handed up.
 func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
-	if len(b) < header.EthernetMinimumSize+ipv6HdrLen {
+	if len(b) < s.l2+ipv6HdrLen {
 		return passOther
 	}
-	ip := header.IPv6(b[header.EthernetMinimumSize : header.EthernetMinimumSize+ipv6HdrLen]) // the fixed header
+	ip := header.IPv6(b[s.l2 : s.l2+ipv6HdrLen]) // the fixed header
 	if header.IPVersion(ip) != header.IPv6Version {
 		return passOther
 	}
 	first := ip.NextHeader()
 	nh := first
-	l4 := header.EthernetMinimumSize + ipv6HdrLen
+	l4 := s.l2 + ipv6HdrLen
 	for i := 0; nh != protoTCP && nh != protoUDP; i++ {
 		if i == maxIPv6ExtHdrs || (nh != protoHopByHop && nh != protoRouting && nh != protoDestOpts) {
 			// A fragment header, or a protocol GRO has no handler for.
@@ -221,9 +245,10 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	// ipv6_gro_receive's same flow: "first_word & htonl(0xF00FFFFF)"
 	// (version and flow label), the addresses, the first next header and
 	// the extension headers' bytes (here by hash).
-	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: be64(b),
-		g: uint64(be32(b[8:]))<<32 | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
-	if ext := b[header.EthernetMinimumSize+ipv6HdrLen : l4]; len(ext) > 0 {
+	f, g := macKey(b, s.l2)
+	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: f,
+		g: g | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
+	if ext := b[s.l2+ipv6HdrLen : l4]; len(ext) > 0 {
 		s.key.h = extHash(ext)
 	}
 	s.key.setProto(6, nh)
@@ -231,7 +256,7 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	// ipv6_gro_receive's flush: "ntohs(iph->payload_len) !=
 	// skb_gro_len(skb)".
 	n := frameLen(p)
-	ipFlush := plen != n-header.EthernetMinimumSize-ipv6HdrLen
+	ipFlush := plen != n-s.l2-ipv6HdrLen
 	return parseL4(p, b, s, src, dst, n, ipFlush)
 }
 
