@@ -93,7 +93,7 @@ func (b *bucket) find(k *flowKey) int {
 // New.
 type Engine struct {
 	sink    Sink
-	l2      int // the IP header's offset: the Ethernet header's length, 0 with Config.L3
+	l2      int   // the IP header's offset: the Ethernet header's length, 0 with Config.L3
 	timeout int64 // FlushTimeout in ns; 0 flushes at each batch end
 	maxSize int
 
