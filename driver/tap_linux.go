@@ -81,6 +81,7 @@ type TAP struct {
 	name    string
 	vnetHdr bool
 	uso     bool
+	tun     bool // IFF_TUN: frames are IP packets
 
 	// state counts the Read and Write calls inside a system call on fd
 	// (low bits) and has tapClosedBit set once Close starts. Close releases
@@ -112,7 +113,7 @@ func OpenTAP(cfg TAPConfig) (*TAP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open tap %q: %w", cfg.Name, err)
 	}
-	t := &TAP{fd: fd, efd: -1, vnetHdr: cfg.VnetHdr, idle: make(chan struct{}, 1)}
+	t := &TAP{fd: fd, efd: -1, vnetHdr: cfg.VnetHdr, tun: cfg.TUN, idle: make(chan struct{}, 1)}
 	if err := t.setup(cfg); err != nil {
 		unix.Close(fd)
 		if t.efd >= 0 {
@@ -353,6 +354,10 @@ func (t *TAP) FD() int { return t.fd }
 // (TUN_F_USO4 and TUN_F_USO6), so that UDP GSO frames (gso_type
 // VIRTIO_NET_HDR_GSO_UDP_L4) may be read from and written to the TAP.
 func (t *TAP) USO() bool { return t.uso }
+
+// L3 reports whether the device is a TUN (TAPConfig.TUN): its frames are IP
+// packets with no Ethernet header, and the driver runs with Config.L3.
+func (t *TAP) L3() bool { return t.tun }
 
 // VnetHdr reports whether frames carry a virtio-net header.
 func (t *TAP) VnetHdr() bool { return t.vnetHdr }

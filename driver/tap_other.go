@@ -41,6 +41,9 @@ func (t *TAP) FD() int { return -1 }
 // USO reports false outside Linux.
 func (t *TAP) USO() bool { return false }
 
+// L3 reports false outside Linux.
+func (t *TAP) L3() bool { return false }
+
 // VnetHdr reports false outside Linux.
 func (t *TAP) VnetHdr() bool { return false }
 

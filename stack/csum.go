@@ -39,14 +39,18 @@ type csumCheck struct {
 // and if so counts it. It borrows p.
 //
 // +checklocks:c.mu
-func (c *csumCheck) bad(p *driver.Packet) bool {
+func (c *csumCheck) bad(p *driver.Packet, l3 bool) bool {
 	n := p.TotalLen()
 	if cap(c.buf) < n {
 		c.buf = make([]byte, n)
 	}
 	frame := c.buf[:p.CopyTo(c.buf[:n])]
 	c.frame = frame
-	if driver.ParseFrame(frame, &c.fi) != driver.DropNone {
+	parse := driver.ParseFrame
+	if l3 {
+		parse = driver.ParseL3Frame // a TUN's packet
+	}
+	if parse(frame, &c.fi) != driver.DropNone {
 		return false // for gVisor to judge, as before
 	}
 	switch driver.VerifyChecksums(frame, &c.fi, true) {
@@ -76,7 +80,7 @@ func (e *linkEndpoint) dropBadCsum(p *driver.Packet) bool {
 	}
 	e.csum.mu.Lock()
 	defer e.csum.mu.Unlock()
-	if !e.csum.bad(p) {
+	if !e.csum.bad(p, e.l3) {
 		return false
 	}
 	if e.pcap != nil {

@@ -25,6 +25,9 @@ type linkEndpoint struct {
 	addr tcpip.LinkAddress
 	// noOffloads: the wire takes no transmit offloads (SupportedGSO).
 	noOffloads bool
+	// l3: the frames are IP packets without a link header, a TUN's wire
+	// (driver.Config.L3); else Ethernet frames (l2Len).
+	l3 bool
 
 	mu sync.RWMutex
 	// +checklocks:mu
@@ -83,7 +86,10 @@ var _ driver.Handler = (*linkEndpoint)(nil)
 
 func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkEndpoint {
 	e := &linkEndpoint{drv: drv, mtu: uint32(mtu), addr: addr, parts: make([][]byte, 0, 16)}
-	e.trains.drv = drv
+	if drv.Config().L3 {
+		e.l3, e.addr = true, "" // a TUN: IP packets, no link address
+	}
+	e.trains.drv, e.trains.l3 = drv, e.l3
 	return e
 }
 
@@ -151,6 +157,19 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 	e.toGVisor(pkt)
 }
 
+// l2Len is the length of a frame's link header: the Ethernet header's, or
+// 0 on a TUN's wire.
+func (e *linkEndpoint) l2Len() int { return linkLen(e.l3) }
+
+// linkLen is the link header's length of a TUN's frames (l3) or Ethernet
+// frames.
+func linkLen(l3 bool) int {
+	if l3 {
+		return 0
+	}
+	return ethLen
+}
+
 // groSink hands the GRO engines' output to toGVisor (Deliver's stage 2 to
 // 3).
 type groSink linkEndpoint
@@ -203,13 +222,13 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 		return
 	}
 	defer pkt.Release()
-	if ack, ok := e.zw.ackFirst(pkt.Linear); ok {
+	if ack, ok := e.zw.ackFirst(pkt.Linear, e.l2Len()); ok {
 		e.dispatch(ack)
 	}
 	if e.mem.hard.Load() && e.tcpMemRefuse(pkt.Linear) {
 		return // tcp_mem's hard limit (tcpmem_governor.go)
 	}
-	if l3, l4, ok := udpTrain(pkt); ok {
+	if l3, l4, ok := udpTrain(pkt, e.l2Len()); ok {
 		e.splitUDP(pkt, l3, l4)
 		return
 	}
@@ -263,11 +282,21 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 	}
 	pb := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buf})
 	defer pb.DecRef()
-	hdr, ok := pb.LinkHeader().Consume(header.EthernetMinimumSize)
-	if !ok {
-		return
+	var proto tcpip.NetworkProtocolNumber
+	if e.l3 {
+		// A TUN's frame: no link header, the IP version says which.
+		v, ok := pb.Data().PullUp(1)
+		if !ok {
+			return
+		}
+		proto = netProto(v, 0)
+	} else {
+		hdr, ok := pb.LinkHeader().Consume(e.l2Len())
+		if !ok {
+			return
+		}
+		proto = header.Ethernet(hdr).Type()
 	}
-	proto := header.Ethernet(hdr).Type()
 	pb.NetworkProtocolNumber = proto
 	d.DeliverNetworkPacket(proto, pb)
 }
@@ -358,7 +387,7 @@ func (e *linkEndpoint) MTU() uint32 { return e.mtu }
 func (e *linkEndpoint) SetMTU(uint32) {}
 
 // MaxHeaderLength implements gstack.LinkEndpoint.
-func (e *linkEndpoint) MaxHeaderLength() uint16 { return header.EthernetMinimumSize }
+func (e *linkEndpoint) MaxHeaderLength() uint16 { return uint16(e.l2Len()) }
 
 // LinkAddress implements gstack.LinkEndpoint.
 func (e *linkEndpoint) LinkAddress() tcpip.LinkAddress { return e.addr }
@@ -371,6 +400,9 @@ func (e *linkEndpoint) SetLinkAddress(tcpip.LinkAddress) {}
 // model's job (it verifies what the wire does not vouch for); transmit
 // checksums of TCP are left to the kernel through NEEDS_CSUM via host GSO.
 func (e *linkEndpoint) Capabilities() gstack.LinkEndpointCapabilities {
+	if e.l3 {
+		return gstack.CapabilityRXChecksumOffload // a TUN: no link addresses to resolve
+	}
 	return gstack.CapabilityRXChecksumOffload | gstack.CapabilityResolutionRequired
 }
 
@@ -407,10 +439,18 @@ func (e *linkEndpoint) IsAttached() bool {
 func (e *linkEndpoint) Wait() {}
 
 // ARPHardwareType implements gstack.LinkEndpoint.
-func (e *linkEndpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareEther }
+func (e *linkEndpoint) ARPHardwareType() header.ARPHardwareType {
+	if e.l3 {
+		return header.ARPHardwareNone
+	}
+	return header.ARPHardwareEther
+}
 
 // AddHeader implements gstack.LinkEndpoint.
 func (e *linkEndpoint) AddHeader(pkt *gstack.PacketBuffer) {
+	if e.l3 {
+		return // a TUN's packets have no link header
+	}
 	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
 	eth.Encode(&header.EthernetFields{
 		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
@@ -421,6 +461,13 @@ func (e *linkEndpoint) AddHeader(pkt *gstack.PacketBuffer) {
 
 // ParseHeader implements gstack.LinkEndpoint.
 func (e *linkEndpoint) ParseHeader(pkt *gstack.PacketBuffer) bool {
+	if e.l3 {
+		v, ok := pkt.Data().PullUp(1)
+		if ok {
+			pkt.NetworkProtocolNumber = netProto(v, 0)
+		}
+		return ok
+	}
 	hdr, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	if ok {
 		pkt.NetworkProtocolNumber = header.Ethernet(hdr).Type()
@@ -467,7 +514,7 @@ func (e *linkEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 		h.HdrLen = uint16(pkt.HeaderSize())
 		if g.NeedsCsum {
 			h.Flags = driver.VirtioNetHdrFNeedsCsum
-			h.CsumStart = header.EthernetMinimumSize + g.L3HdrLen
+			h.CsumStart = uint16(e.l2Len()) + g.L3HdrLen
 			h.CsumOffset = g.CsumOffset
 		}
 		if pkt.Data().Size() > int(g.MSS) {

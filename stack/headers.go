@@ -3,6 +3,7 @@ package stack
 import (
 	"net/netip"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
@@ -13,24 +14,46 @@ import (
 // headers are, on gVisor's header views (and internal/hdr for what they
 // lack). The frames here are the NIC model's: the Ethernet header first,
 // without a VLAN tag (a tagged frame reads as another EtherType, so none
-// of these parsers take it), and the headers in the linear part, checked
+// of these parsers take it), or on a TUN's wire (l2 0) the IP header
+// first; and the headers in the linear part, checked
 // by the NIC model (driver.ParseFrame) or rebuilt by GRO. udpHeaders and
 // tcpHeaders still check every length they read, so that a frame nobody
 // checked costs a false ok, not a panic; the readers given their offsets
 // (udpDest, udpSource, ipAddrs) check none. None allocates.
 
-// l3Off is where the IP header of the NIC model's frames starts.
-const l3Off = header.EthernetMinimumSize
+// ethLen is where the IP header of the NIC model's Ethernet frames starts;
+// the frames of a TUN's wire start with it (l2 0).
+const ethLen = header.EthernetMinimumSize
+
+// netProto returns the network protocol of the frame b whose IP header
+// starts at l2: the Ethernet header's EtherType, or with l2 0 (a TUN's
+// frame) the IP version's; 0 when b is too short to tell.
+func netProto(b []byte, l2 int) tcpip.NetworkProtocolNumber {
+	if l2 == 0 {
+		if len(b) == 0 {
+			return 0
+		}
+		switch header.IPVersion(b) {
+		case header.IPv4Version:
+			return header.IPv4ProtocolNumber
+		case header.IPv6Version:
+			return header.IPv6ProtocolNumber
+		}
+		return 0
+	}
+	if len(b) < header.EthernetMinimumSize {
+		return 0
+	}
+	return header.Ethernet(b).Type()
+}
 
 // udpHeaders returns the offsets of the IP and UDP headers of a UDP packet
-// whose headers are all in its linear part. An IPv6 packet with extension
+// whose headers are all in its linear part, its IP header at l2. An IPv6 packet with extension
 // headers is not taken.
-func udpHeaders(p *bufpool.Packet) (l3, l4 int, ok bool) {
+func udpHeaders(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
 	l := p.Linear
-	if len(l) < l3Off {
-		return 0, 0, false
-	}
-	switch header.Ethernet(l).Type() {
+	l3Off := l2
+	switch netProto(l, l2) {
 	case header.IPv4ProtocolNumber:
 		if len(l) < l3Off+header.IPv4MinimumSize {
 			return 0, 0, false
@@ -66,18 +89,16 @@ func udpSource(l []byte, l3, l4 int) netip.AddrPort {
 	return netip.AddrPortFrom(a, header.UDP(l[l4:]).SourcePort())
 }
 
-// tcpHeaders locates the TCP segment in an Ethernet frame's first bytes:
+// tcpHeaders locates the TCP segment in a frame's first bytes, its IP
+// header at l2:
 // the offsets of its IP and TCP headers, the TCP header's length, and its
 // sequence length (payload, plus one for a FIN). ok is false for anything
 // but an unfragmented IPv4 or IPv6 TCP segment whose headers are all in b
 // (an IPv6 packet with extension headers is not taken).
-func tcpHeaders(b []byte) (ip, tcp, tcpLen, segLen int, ok bool) {
-	ip = l3Off
-	if len(b) < ip {
-		return
-	}
+func tcpHeaders(b []byte, l2 int) (ip, tcp, tcpLen, segLen int, ok bool) {
+	ip = l2
 	var total int
-	switch header.Ethernet(b).Type() {
+	switch netProto(b, l2) {
 	case header.IPv4ProtocolNumber:
 		if len(b) < ip+header.IPv4MinimumSize {
 			return

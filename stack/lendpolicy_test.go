@@ -142,7 +142,7 @@ func TestLendIPFragment(t *testing.T) {
 		{"IPv6 fragment", ipv6FragHeader(), true, 1448},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := isIPFragment(tc.hdr); got != tc.frag {
+			if got := isIPFragment(tc.hdr, ethLen); got != tc.frag {
 				t.Fatalf("isIPFragment: got %v, want %v", got, tc.frag)
 			}
 			r := newLendRig(t, 0)

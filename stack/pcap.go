@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// PcapWriter writes frames to a pcap file (link type Ethernet), readable by
+// PcapWriter writes frames to a pcap file (link type Ethernet, or raw IP
+// for a TUN's packets: CreateRawPcap), readable by
 // tcpdump and Wireshark. It is safe for concurrent use; each frame is given
 // as the parts it is made of so that callers need not flatten it.
 type PcapWriter struct {
@@ -22,22 +23,29 @@ type PcapWriter struct {
 	err error
 	// +checklocks:mu
 	hdr [16]byte
+	raw bool // LINKTYPE_RAW: the frames are IP packets
 }
 
 const (
 	pcapMagic    = 0xa1b23c4d // nanosecond timestamps
 	pcapSnapLen  = 262144
-	pcapEthernet = 1 // LINKTYPE_ETHERNET
+	pcapEthernet = 1   // LINKTYPE_ETHERNET
+	pcapRaw      = 101 // LINKTYPE_RAW: IP packets, a TUN's
 )
 
 // CreatePcap creates (or truncates) the file at path and writes the pcap
 // file header.
-func CreatePcap(path string) (*PcapWriter, error) {
+func CreatePcap(path string) (*PcapWriter, error) { return createPcap(path, false) }
+
+// CreateRawPcap is CreatePcap for a TUN's packets (link type raw IP).
+func CreateRawPcap(path string) (*PcapWriter, error) { return createPcap(path, true) }
+
+func createPcap(path string, raw bool) (*PcapWriter, error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, fmt.Errorf("pcap: %w", err)
 	}
-	p, err := NewPcapWriter(f)
+	p, err := newPcapWriter(f, raw)
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -48,14 +56,23 @@ func CreatePcap(path string) (*PcapWriter, error) {
 
 // NewPcapWriter writes the pcap file header to w and returns a writer of
 // frames to it.
-func NewPcapWriter(w io.Writer) (*PcapWriter, error) {
-	p := &PcapWriter{w: bufio.NewWriterSize(w, 1<<20)}
+func NewPcapWriter(w io.Writer) (*PcapWriter, error) { return newPcapWriter(w, false) }
+
+// NewRawPcapWriter is NewPcapWriter for a TUN's packets (link type raw IP).
+func NewRawPcapWriter(w io.Writer) (*PcapWriter, error) { return newPcapWriter(w, true) }
+
+func newPcapWriter(w io.Writer, raw bool) (*PcapWriter, error) {
+	p := &PcapWriter{w: bufio.NewWriterSize(w, 1<<20), raw: raw}
 	var h [24]byte
 	binary.LittleEndian.PutUint32(h[0:], pcapMagic)
 	binary.LittleEndian.PutUint16(h[4:], 2) // version 2.4
 	binary.LittleEndian.PutUint16(h[6:], 4)
 	binary.LittleEndian.PutUint32(h[16:], pcapSnapLen)
-	binary.LittleEndian.PutUint32(h[20:], pcapEthernet)
+	lt := uint32(pcapEthernet)
+	if raw {
+		lt = pcapRaw
+	}
+	binary.LittleEndian.PutUint32(h[20:], lt)
 	if _, err := p.w.Write(h[:]); err != nil {
 		return nil, fmt.Errorf("pcap: %w", err)
 	}

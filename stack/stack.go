@@ -178,6 +178,14 @@ func New(cfg Config) (s *Stack, err error) {
 	dc := cfg.Driver
 	dc.MAC = cfg.MAC
 	dc.XDP = cfg.XDP != nil
+	if w, ok := cfg.Wire.(interface{ L3() bool }); ok && w.L3() {
+		dc.L3 = true // a TUN device: IP packets, no Ethernet header
+	}
+	for _, p := range []*PcapWriter{cfg.Pcap, cfg.PcapWire} {
+		if p != nil && p.raw != dc.L3 {
+			return nil, errors.New("stack: a pcap of a TUN's packets is raw IP (CreateRawPcap), of a TAP's Ethernet (CreatePcap)")
+		}
+	}
 	dc.Multicast = multicastMACs(cfg.Addrs)
 	if t := cfg.Tunnel; t != nil {
 		if err := t.validate(cfg.Addrs); err != nil {
@@ -219,6 +227,7 @@ func New(cfg Config) (s *Stack, err error) {
 	ep.pcap = cfg.Pcap
 	if cfg.ZeroCopy {
 		ep.lend = newLendStats(drv.Pool(), cfg.ZeroCopyMaxLent)
+		ep.lend.l3 = ep.l3
 	}
 	ep.epoch = time.Now()
 	if cfg.DelayedACK < 0 {
@@ -233,7 +242,7 @@ func New(cfg Config) (s *Stack, err error) {
 			drv.Close()
 			return nil, fmt.Errorf("stack: gro flush timeout %v < 0", cfg.GROFlushTimeout)
 		}
-		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(ep))
+		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
 		ep.groTimeout = cfg.GROFlushTimeout
 	}
 	if cfg.Tunnel != nil {

@@ -266,7 +266,7 @@ func (e *linkEndpoint) tcpMemRefuse(b []byte) bool {
 	if over == nil || len(*over) == 0 {
 		return false
 	}
-	ip, tcpOff, tcpLen, segLen, ok := tcpHeaders(b)
+	ip, tcpOff, tcpLen, segLen, ok := tcpHeaders(b, e.l2Len())
 	if !ok || segLen == 0 {
 		return false
 	}

@@ -265,7 +265,7 @@ func TestTCPMemRefuse(t *testing.T) {
 			}
 			// The dropped segment's ACK goes to gVisor alone: the
 			// same headers without payload or PSH, checksums valid.
-			ip, tcpOff, tcpLen, _, _ := tcpHeaders(tc.frame)
+			ip, tcpOff, tcpLen, _, _ := tcpHeaders(tc.frame, ethLen)
 			if len(d.got) != 1 || len(d.got[0]) != tcpOff+tcpLen {
 				t.Fatalf("delivered %d frames (%v), want one pure ACK of %d bytes", len(d.got), d.got, tcpOff+tcpLen)
 			}

@@ -170,7 +170,10 @@ type trainTable struct {
 	mu  sync.Mutex
 	m   atomic.Pointer[map[uint16]*TrainConn]
 	drv *driver.Driver // the packets' driver, for their truesize; set before use
+	l3  bool           // the packets are a TUN's, without an Ethernet header
 }
+
+func (t *trainTable) l2Len() int { return linkLen(t.l3) }
 
 func (t *trainTable) add(c *TrainConn) error {
 	t.mu.Lock()
@@ -213,7 +216,7 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	if mp == nil || len(*mp) == 0 {
 		return false
 	}
-	l3, l4, ok := udpHeaders(p)
+	l3, l4, ok := udpHeaders(p, t.l2Len())
 	if !ok {
 		return false
 	}

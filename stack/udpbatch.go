@@ -261,7 +261,7 @@ func (c *TrainConn) take(p *bufpool.Packet) {
 	b := &c.b
 	c.rmem.Add(-c.s.ep.trains.charge(p))
 	c.segs.Add(-int64(max(p.Segs, 1)))
-	l3, l4, _ := udpHeaders(p) // checked when queued
+	l3, l4, _ := udpHeaders(p, c.s.ep.l2Len()) // checked when queued
 	b.cur = p
 	b.hdrLen = l4 + header.UDPMinimumSize
 	b.total = p.TotalLen() - chainHeaders(p) - b.hdrLen
@@ -442,7 +442,7 @@ func (t *udpSender) write(c *TrainConn, m *Message) error {
 func (t *udpSender) writeGSO(c *TrainConn, m *Message, fa tcpip.FullAddress, total, seg int) (bool, error) {
 	st := c.s
 	uso, _ := st.cfg.Wire.(interface{ USO() bool })
-	if st.drv == nil || st.ep.tunnel != nil || uso == nil || !uso.USO() {
+	if st.drv == nil || st.ep.tunnel != nil || st.ep.l3 || uso == nil || !uso.USO() {
 		return false, nil
 	}
 	dst := m.Addr.Addr().Unmap()

@@ -12,11 +12,11 @@ import (
 
 // udpTrain reports whether p is a UDP packet that aggregates several
 // datagrams (a UDP GRO train), and where its IP and UDP headers are.
-func udpTrain(p *bufpool.Packet) (l3, l4 int, ok bool) {
+func udpTrain(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
 	if p.Segs < 2 || p.GSOSize == 0 {
 		return 0, 0, false
 	}
-	return udpHeaders(p)
+	return udpHeaders(p, l2)
 }
 
 // splitUDP hands a UDP train to gVisor as the datagrams it was made of, as

@@ -105,7 +105,7 @@ func TestUDPHeaders(t *testing.T) {
 			defer p.Release()
 			p.Linear = append(p.Linear, tc.frame...)
 			p.Len = len(p.Linear)
-			l3, l4, ok := udpHeaders(p)
+			l3, l4, ok := udpHeaders(p, ethLen)
 			if want := tc.l4 != 0; ok != want {
 				t.Fatalf("ok: got %v, want %v (l3 %d, l4 %d)", ok, want, l3, l4)
 			}
@@ -139,7 +139,7 @@ func TestUDPHeadersNoAllocs(t *testing.T) {
 		p.Linear = append(p.Linear, udpHeaderFrame(s)...)
 		p.Len = len(p.Linear)
 		if a := testing.AllocsPerRun(500, func() {
-			l3, l4, ok := udpHeaders(p)
+			l3, l4, ok := udpHeaders(p, ethLen)
 			if !ok || udpDest(p.Linear, l3) != s.dst.Addr() || udpSource(p.Linear, l3, l4) != s.src {
 				t.Fatal("headers misread")
 			}
@@ -278,7 +278,7 @@ func BenchmarkSplitUDP(b *testing.B) {
 			defer p.Release()
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, _, ok := udpHeaders(p); !ok {
+				if _, _, ok := udpHeaders(p, ethLen); !ok {
 					b.Fatal("not a UDP packet")
 				}
 			}
@@ -288,7 +288,7 @@ func BenchmarkSplitUDP(b *testing.B) {
 				ep := &linkEndpoint{}
 				p, _ := trainPacket(b, pool, spec, 16, size, 0)
 				defer p.Release()
-				l3, l4, _ := udpHeaders(p)
+				l3, l4, _ := udpHeaders(p, ethLen)
 				b.SetBytes(int64(16 * size))
 				b.ReportAllocs()
 				for b.Loop() {

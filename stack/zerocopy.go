@@ -148,6 +148,7 @@ type lendStats struct {
 	pool     *bufpool.Pool // whose LentPages maxLent bounds
 	noLayout bool          // gVisor's chunk layout is unknown: copy all
 	ipFrags  bool          // copy IP fragments
+	l3       bool          // the packets are a TUN's, without an Ethernet header
 
 	views        atomic.Uint64 // frags handed to gVisor as views
 	copied       atomic.Uint64 // frags copied: their page is not a chunk
@@ -214,7 +215,7 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 				from = skip
 			}
 			small = q.Len-from < l.minLend
-			ipFrag = l.ipFrags && (len(q.Frags) > 0 || q.Head != nil) && isIPFragment(q.Linear)
+			ipFrag = l.ipFrags && (len(q.Frags) > 0 || q.Head != nil) && isIPFragment(q.Linear, l.l2Len())
 		}
 		n := len(w.Bytes())
 		var pg *bufpool.Page
@@ -259,17 +260,16 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 	}
 }
 
+func (l *lendStats) l2Len() int { return linkLen(l.l3) }
+
 // isIPFragment reports whether frame, an Ethernet frame's first bytes (its
-// linear part), holds an IPv4 fragment (MF set or a fragment offset) or an
+// linear part; with l2 0 a TUN's frame, from its IP header), holds an IPv4 fragment (MF set or a fragment offset) or an
 // IPv6 packet whose first extension header is a Fragment header (RFC 8200
 // section 4.5). A linear part too short to tell says no.
-func isIPFragment(frame []byte) bool {
+func isIPFragment(frame []byte, l2 int) bool {
 	const eth = header.EthernetMinimumSize
-	if len(frame) < eth {
-		return false
-	}
-	typ, off := header.Ethernet(frame).Type(), eth
-	if typ == 0x8100 && len(frame) >= eth+4 { // an 802.1Q tag left in place
+	typ, off := netProto(frame, l2), l2
+	if l2 > 0 && typ == 0x8100 && len(frame) >= eth+4 { // an 802.1Q tag left in place
 		typ, off = tcpip.NetworkProtocolNumber(frame[eth+2])<<8|tcpip.NetworkProtocolNumber(frame[eth+3]), eth+4
 	}
 	ip := frame[off:]

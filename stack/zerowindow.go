@@ -144,13 +144,13 @@ func (z *zeroWindow) sent(nh, th []byte) {
 	}
 }
 
-// ackFirst reports whether frame b, a received Ethernet frame whose
-// headers are in b, is a TCP segment that gVisor would reject at the
+// ackFirst reports whether frame b, a received frame whose headers are in
+// b (its IP header at l2), is a TCP segment that gVisor would reject at the
 // window ustack last advertised on its flow while Linux's tcp_sequence
 // would take it, and if so returns a pure ACK to deliver before it. It
 // allocates only then.
-func (z *zeroWindow) ackFirst(b []byte) (buffer.Buffer, bool) {
-	ip, tcp, tcpLen, segLen, ok := tcpHeaders(b)
+func (z *zeroWindow) ackFirst(b []byte, l2 int) (buffer.Buffer, bool) {
+	ip, tcp, tcpLen, segLen, ok := tcpHeaders(b, l2)
 	if !ok {
 		return buffer.Buffer{}, false
 	}

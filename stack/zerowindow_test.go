@@ -31,7 +31,7 @@ func zwSegment(src, dst tcpip.Address, sport, dport uint16, seq, ack uint32, fla
 
 // zwSend records frame b as sent by ustack.
 func zwSend(z *zeroWindow, b []byte) {
-	ip, tcp, _, _, ok := tcpHeaders(b)
+	ip, tcp, _, _, ok := tcpHeaders(b, ethLen)
 	if !ok {
 		panic("zwSend: not a TCP frame")
 	}
@@ -95,7 +95,7 @@ func TestZeroWindowAckFirst(t *testing.T) {
 			}
 			zwSend(&z, zwSegment(local, remote, lport, rport, ackOfPeer, rcvNxt, header.TCPFlagAck, tt.wnd, tsOpt, 0))
 			in := zwSegment(remote, local, rport, lport, tt.seq, ackOfPeer+100, header.TCPFlagAck|header.TCPFlagPsh|tt.flags, 1234, tsOpt, tt.payload)
-			buf, got := z.ackFirst(in)
+			buf, got := z.ackFirst(in, ethLen)
 			if got != tt.want {
 				t.Fatalf("pure ACK first: got %v, want %v", got, tt.want)
 			}
@@ -110,7 +110,7 @@ func TestZeroWindowAckFirst(t *testing.T) {
 				t.Errorf("rx_tcp_zero_window_acks: got %d, want 1", n)
 			}
 			b := buf.Flatten()
-			ip, tcp, tcpLen, segLen, ok := tcpHeaders(b)
+			ip, tcp, tcpLen, segLen, ok := tcpHeaders(b, ethLen)
 			if !ok || segLen != 0 || len(b) != tcp+tcpLen {
 				t.Fatalf("pure ACK: headers ok %v, sequence length %d, frame %d bytes: want a segment without payload", ok, segLen, len(b))
 			}
@@ -155,18 +155,18 @@ func TestZeroWindowSlots(t *testing.T) {
 	dataFrom := func(port uint16) []byte {
 		return zwSegment(zwRemote4, zwLocal4, port, 7, 100, 2, header.TCPFlagAck, 100, nil, 10)
 	}
-	if _, ok := z.ackFirst(dataFrom(a)); !ok {
+	if _, ok := z.ackFirst(dataFrom(a), ethLen); !ok {
 		t.Fatal("flow a at a zero window: no pure ACK")
 	}
 	zwSend(&z, zwSegment(zwLocal4, zwRemote4, 7, b, 1, 100, header.TCPFlagAck, 1000, nil, 0))
-	if _, ok := z.ackFirst(dataFrom(a)); !ok {
+	if _, ok := z.ackFirst(dataFrom(a), ethLen); !ok {
 		t.Error("flow b's open window took flow a's slot")
 	}
 	zwSend(&z, zwSegment(zwLocal4, zwRemote4, 7, b, 1, 100, header.TCPFlagAck, 0, nil, 0))
-	if _, ok := z.ackFirst(dataFrom(a)); ok {
+	if _, ok := z.ackFirst(dataFrom(a), ethLen); ok {
 		t.Error("flow b's zero window did not take the slot: flow a still matches")
 	}
-	if _, ok := z.ackFirst(dataFrom(b)); !ok {
+	if _, ok := z.ackFirst(dataFrom(b), ethLen); !ok {
 		t.Error("flow b at a zero window: no pure ACK")
 	}
 }
@@ -180,10 +180,10 @@ func TestZeroWindowNoAllocs(t *testing.T) {
 	var z zeroWindow
 	out := zwSegment(zwLocal4, zwRemote4, 7, 40000, 1, 100, header.TCPFlagAck, 1000, nil, 0)
 	in := zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 2, header.TCPFlagAck, 100, nil, 1448)
-	ip, tcp, _, _, _ := tcpHeaders(out)
+	ip, tcp, _, _, _ := tcpHeaders(out, ethLen)
 	if a := testing.AllocsPerRun(500, func() {
 		z.sent(out[ip:tcp], out[tcp:])
-		if _, ok := z.ackFirst(in); ok {
+		if _, ok := z.ackFirst(in, ethLen); ok {
 			t.Fatal("pure ACK for a segment in the window")
 		}
 	}); a != 0 {
@@ -197,11 +197,11 @@ func BenchmarkZeroWindow(b *testing.B) {
 	var z zeroWindow
 	out := zwSegment(zwLocal4, zwRemote4, 7, 40000, 1, 100, header.TCPFlagAck, 1000, nil, 0)
 	in := zwSegment(zwRemote4, zwLocal4, 40000, 7, 100, 2, header.TCPFlagAck, 100, nil, 1448)
-	ip, tcp, _, _, _ := tcpHeaders(out)
+	ip, tcp, _, _, _ := tcpHeaders(out, ethLen)
 	b.ReportAllocs()
 	for b.Loop() {
 		z.sent(out[ip:tcp], out[tcp:])
-		z.ackFirst(in)
+		z.ackFirst(in, ethLen)
 	}
 }
 
@@ -254,7 +254,7 @@ func TestTCPHeaders(t *testing.T) {
 		}), false, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ip, tcp, tcpLen, segLen, ok := tcpHeaders(tc.frame)
+			ip, tcp, tcpLen, segLen, ok := tcpHeaders(tc.frame, ethLen)
 			if ok != tc.ok {
 				t.Fatalf("ok: got %v, want %v", ok, tc.ok)
 			}
