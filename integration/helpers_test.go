@@ -85,7 +85,21 @@ func newRigConfig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 // newBed builds a TAP bed that cleanup removes.
 func newBed(t *testing.T, prefix string, mtu int) *testbed.TAPBed {
 	t.Helper()
-	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix, MTU: mtu})
+	return newBedConfig(t, testbed.TAPConfig{Prefix: prefix, MTU: mtu})
+}
+
+// newTUNRig is newRigConfig on a TUN device (a layer 3 link: IP packets,
+// no Ethernet header), opened as wireguard-go opens one: IFF_TUN with the
+// virtio-net header and offloads.
+func newTUNRig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
+	t.Helper()
+	return newBedRig(t, newBedConfig(t, testbed.TAPConfig{Prefix: prefix, MTU: mtu, TUN: true}), mtu, sc)
+}
+
+// newBedConfig builds a bed of cfg that cleanup removes.
+func newBedConfig(t *testing.T, cfg testbed.TAPConfig) *testbed.TAPBed {
+	t.Helper()
+	bed, err := testbed.NewTAPBed(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +148,7 @@ func newBedRigWire(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config, 
 			return err
 		}
 		var tap *driver.TAP
-		if tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true}); err == nil {
+		if tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true, TUN: bed.TUN}); err == nil {
 			w = tap
 		}
 		return err

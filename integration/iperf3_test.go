@@ -190,7 +190,14 @@ func TestIPerf3Run(t *testing.T) {
 func TestIPerf3Stack(t *testing.T) {
 	needRoot(t)
 	needIPerf3(t)
-	r := newRig(t, "usit-iperf3s", 1500, driver.Config{})
+	iperf3Stack(t, newRig(t, "usit-iperf3s", 1500, driver.Config{}))
+}
+
+// iperf3Stack serves iperf3 from r's stack and runs the TCP and UDP
+// clients against it over IPv6, checking their reports against the
+// server's results.
+func iperf3Stack(t *testing.T, r *rig) {
+	t.Helper()
 	results := make(chan serve.IPerf3Result, 1)
 	srv, err := serve.ListenIPerf3(r.st, netip.AddrPortFrom(netip.IPv6Unspecified(), 5201), serve.IPerf3Config{
 		OnTest: func(res serve.IPerf3Result) { results <- res },

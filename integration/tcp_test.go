@@ -94,54 +94,60 @@ func TestTCPEcho(t *testing.T) {
 			seed := uint64(100 + i)
 			t.Run(name, func(t *testing.T) {
 				r := newRig(t, fmt.Sprintf("usit-echo%d", seed), 1500, driver.Config{LRO: lro})
-				ap := r.stackAP(v6, 7)
-				l, err := r.st.ListenTCP(ap)
-				if err != nil {
-					t.Fatal(err)
-				}
-				served := make(chan error, 1)
-				go func() { served <- serve.Echo(l) }()
-				defer func() {
-					l.Close()
-					if err := <-served; err != nil {
-						t.Errorf("Echo: %v", err)
-					}
-				}()
-
-				deadline := time.Now().Add(transferTimeout(2 * n))
-				ctx, cancel := context.WithDeadline(context.Background(), deadline)
-				defer cancel()
-				c, err := r.bed.NS.DialTCP(ctx, ap, cc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				c.SetDeadline(deadline)
-				pc := progressConn{c, deadline}
-				win := &echoWindow{limit: echoOutstanding, end: deadline}
-				res := make(chan hashResult, 1)
-				go func() { res <- recvHashed(io.LimitReader(win.reader(pc), n)) }()
-				start := time.Now()
-				want, err := sendHashed(win.writer(pc), n, writeSize, seed)
-				if err != nil {
-					diagnose(t, r)
-					// Unblock the reader before failing.
-					c.Close()
-					<-res
-					t.Fatalf("kernel sender: %v", err)
-				}
-				got := waitHash(t, r, res, deadline)
-				elapsed := time.Since(start)
-				if !checkHash(t, got, n, want) {
-					diagnose(t, r)
-				}
-				logRate(t, "kernel -> ustack echo -> kernel", n, elapsed)
-				t.Logf("tx_packets %d tx_gso_packets %d tx_errors %d tcp_retransmits %d",
-					counter(t, r.st, "tx_packets"), counter(t, r.st, "tx_gso_packets"), counter(t, r.st, "tx_errors"), counter(t, r.st, "tcp_retransmits"))
-				checkFlowDrops(t, r.st)
+				tcpEcho(t, r, v6, n, seed)
 			})
 		}
 	}
+}
+
+// tcpEcho streams n bytes of seed's stream from the kernel to ustack's echo
+// server on r while reading the echo back, and checks every byte.
+func tcpEcho(t *testing.T, r *rig, v6 bool, n int64, seed uint64) {
+	ap := r.stackAP(v6, 7)
+	l, err := r.st.ListenTCP(ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- serve.Echo(l) }()
+	defer func() {
+		l.Close()
+		if err := <-served; err != nil {
+			t.Errorf("Echo: %v", err)
+		}
+	}()
+
+	deadline := time.Now().Add(transferTimeout(2 * n))
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	c, err := r.bed.NS.DialTCP(ctx, ap, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(deadline)
+	pc := progressConn{c, deadline}
+	win := &echoWindow{limit: echoOutstanding, end: deadline}
+	res := make(chan hashResult, 1)
+	go func() { res <- recvHashed(io.LimitReader(win.reader(pc), n)) }()
+	start := time.Now()
+	want, err := sendHashed(win.writer(pc), n, writeSize, seed)
+	if err != nil {
+		diagnose(t, r)
+		// Unblock the reader before failing.
+		c.Close()
+		<-res
+		t.Fatalf("kernel sender: %v", err)
+	}
+	got := waitHash(t, r, res, deadline)
+	elapsed := time.Since(start)
+	if !checkHash(t, got, n, want) {
+		diagnose(t, r)
+	}
+	logRate(t, "kernel -> ustack echo -> kernel", n, elapsed)
+	t.Logf("tx_packets %d tx_gso_packets %d tx_errors %d tcp_retransmits %d",
+		counter(t, r.st, "tx_packets"), counter(t, r.st, "tx_gso_packets"), counter(t, r.st, "tx_errors"), counter(t, r.st, "tcp_retransmits"))
+	checkFlowDrops(t, r.st)
 }
 
 // echoOutstanding bounds the bytes the echo client has sent but not yet

@@ -25,6 +25,9 @@ type TAPConfig struct {
 	// Subnet6 is the IPv6 subnet on the TAP link; default fd77::/64. The
 	// kernel gets ::1, the stack ::2.
 	Subnet6 netip.Prefix
+	// TUN makes the device a TUN (`ip tuntap add mode tun`): a layer 3
+	// link, IP packets without an Ethernet header, no ARP or NDP.
+	TUN bool
 }
 
 // TAPBed is a fresh namespace holding a persistent TAP device that is
@@ -44,6 +47,8 @@ type TAPBed struct {
 	TAPName string
 	// MTU is the TAP device's MTU.
 	MTU int
+	// TUN: the device is a TUN (TAPConfig.TUN).
+	TUN bool
 	// KernelAddr4 and KernelAddr6 are the kernel side's addresses, with
 	// the subnet's prefix length.
 	KernelAddr4, KernelAddr6 netip.Prefix
@@ -90,11 +95,16 @@ func NewTAPBed(cfg TAPConfig) (*TAPBed, error) {
 		NS:          ns,
 		TAPName:     cfg.TAPName,
 		MTU:         cfg.MTU,
+		TUN:         cfg.TUN,
 		KernelAddr4: k4, StackAddr4: s4,
 		KernelAddr6: k6, StackAddr6: s6,
 	}
+	mode := "tap"
+	if cfg.TUN {
+		mode = "tun"
+	}
 	steps := [][]string{
-		{"tuntap", "add", "dev", b.TAPName, "mode", "tap"},
+		{"tuntap", "add", "dev", b.TAPName, "mode", mode},
 		{"link", "set", "dev", b.TAPName, "mtu", strconv.Itoa(b.MTU)},
 		{"addr", "add", k4.String(), "dev", b.TAPName},
 		{"addr", "add", k6.String(), "dev", b.TAPName, "nodad"},

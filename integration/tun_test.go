@@ -1,0 +1,111 @@
+//go:build linux
+
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
+)
+
+// TestTUNBulk runs the byte-exact bulk checks over a TUN device: the
+// kernel's TCP to ustack (LRO on and off: TSO super-frames handed up whole
+// or cut by the NIC model, GRO on IP packets) and ustack's TCP to the
+// kernel (TSO super-frames written to the TUN), IPv4 and IPv6, with no ARP
+// or NDP on the link.
+func TestTUNBulk(t *testing.T) {
+	needRoot(t)
+	const n = 64 << 20
+	i := 0
+	for _, v6 := range []bool{false, true} {
+		for _, lro := range []bool{true, false} {
+			i++
+			t.Run(fmt.Sprintf("%s/lro-%v", family(v6), map[bool]string{true: "on", false: "off"}[lro]), func(t *testing.T) {
+				r := newTUNRig(t, fmt.Sprintf("usit-tun%d", i), 1500, stack.Config{Driver: driver.Config{LRO: lro}})
+				logRate(t, "kernel -> ustack", n, kernelToStack(t, r, v6, 9, n, uint64(600+i)))
+				var tl tally
+				stackToKernel(t, r, v6, n/4, uint64(610+i), time.Now().Add(transferTimeout(n/4)), &tl)
+				if tl.lost.Load() != 0 || tl.checked.Load() != n/4 {
+					t.Errorf("ustack -> kernel: %d bytes checked, %d lost; want %d and 0", tl.checked.Load(), tl.lost.Load(), n/4)
+				}
+				c := counters(r.st)
+				if lro && c["rx_lro_packets"] == 0 || !lro && c["rx_gso_segs"] == 0 {
+					t.Errorf("rx_lro_packets %d, rx_gso_segs %d with LRO %v", c["rx_lro_packets"], c["rx_gso_segs"], lro)
+				}
+				// With LRO each TSO frame comes up whole and GRO has
+				// nothing to merge (as on a TAP); without, GRO merges.
+				if !lro && c["rx_gro_skbs"] == 0 || c["tx_gso_packets"] == 0 {
+					t.Errorf("rx_gro_skbs %d (LRO %v), tx_gso_packets %d: want GRO and TSO on the TUN", c["rx_gro_skbs"], lro, c["tx_gso_packets"])
+				}
+				for _, name := range []string{"rx_drop_bad_ip_version", "arp_packets_received", "ndp_neighbor_solicits"} {
+					if c[name] != 0 {
+						t.Errorf("%s: %d, want 0 on a TUN", name, c[name])
+					}
+				}
+				checkFlowDrops(t, r.st)
+				r.close(t)
+			})
+		}
+	}
+}
+
+// TestTUNEcho runs the TCP echo (both of ustack's paths at once) and the
+// UDP echo over a TUN device, IPv4 and IPv6.
+func TestTUNEcho(t *testing.T) {
+	needRoot(t)
+	for i, v6 := range []bool{false, true} {
+		t.Run(family(v6), func(t *testing.T) {
+			r := newTUNRig(t, fmt.Sprintf("usit-tune%d", i), 1500, stack.Config{Driver: driver.Config{LRO: true}})
+			tcpEcho(t, r, v6, 16<<20, uint64(620+i))
+			ap := r.stackAP(v6, 7)
+			u, err := r.st.ListenUDP(ap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			served := make(chan error, 1)
+			go func() { served <- serve.UDPEcho(u) }()
+			defer func() {
+				u.Close()
+				if err := <-served; err != nil {
+					t.Errorf("UDPEcho: %v", err)
+				}
+			}()
+			k, err := r.bed.NS.ListenUDP(r.kernelAP(v6, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer k.Close()
+			udpEcho(t, k, ap, 50, 3)
+		})
+	}
+}
+
+// TestTUNZeroCopy runs the zero-copy bulk check over a TUN device: the
+// payload lent to gVisor as views of the RX pages, every byte checked.
+func TestTUNZeroCopy(t *testing.T) {
+	needRoot(t)
+	const n = 64 << 20
+	for i, v6 := range []bool{false, true} {
+		t.Run(family(v6), func(t *testing.T) {
+			r := newTUNRig(t, fmt.Sprintf("usit-tunzc%d", i), 1500, stack.Config{ZeroCopy: true})
+			r.views = true
+			kernelToStack(t, r, v6, 5002, n, uint64(630+i))
+			c := counters(r.st)
+			if got := c["zc_read_mapped_bytes"] + c["zc_read_copied_bytes"]; c["zc_views_lent"] == 0 || got != n {
+				t.Errorf("zc_views_lent %d, read mapped+copied %d: want views lent and %d bytes", c["zc_views_lent"], got, n)
+			}
+		})
+	}
+}
+
+// TestTUNIPerf3 runs iperf3's TCP and UDP clients against ustack's iperf3
+// server over a TUN device.
+func TestTUNIPerf3(t *testing.T) {
+	needRoot(t)
+	needIPerf3(t)
+	iperf3Stack(t, newTUNRig(t, "usit-tuniperf", 1500, stack.Config{}))
+}
