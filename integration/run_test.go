@@ -87,16 +87,17 @@ var rxPacketsLine = regexp.MustCompile(`(?m)^\s+rx_packets: (\d+)$`)
 // TestRunBinary runs `ustack run` on a TAP in a namespace and talks to it
 // from the kernel's side: ping (ARP and NDP), TCP and UDP echo, TCP
 // discard; then stops it with SIGTERM and checks its exit and its final
-// counters. Over ustack's TAP with offloads and over water's plain wire
-// (-wire plain).
+// counters. Over ustack's TAP with offloads, over water's plain wire
+// (-wire plain) and over a TUN device (-tun).
 func TestRunBinary(t *testing.T) {
 	needRoot(t)
-	t.Run("wire-offload", func(t *testing.T) { testRunBinary(t, "usit-run") })
-	t.Run("wire-plain", func(t *testing.T) { testRunBinary(t, "usit-runp", "-wire", "plain") })
+	t.Run("wire-offload", func(t *testing.T) { testRunBinary(t, testbed.TAPConfig{Prefix: "usit-run"}) })
+	t.Run("wire-plain", func(t *testing.T) { testRunBinary(t, testbed.TAPConfig{Prefix: "usit-runp"}, "-wire", "plain") })
+	t.Run("tun", func(t *testing.T) { testRunBinary(t, testbed.TAPConfig{Prefix: "usit-runt", TUN: true}) })
 }
 
-func testRunBinary(t *testing.T, prefix string, args ...string) {
-	r, cmd, stdout, stderr, exited := startRunBinary(t, prefix, append([]string{"-discard", ":9", "-echo", ":7", "-stats", "1s"}, args...)...)
+func testRunBinary(t *testing.T, cfg testbed.TAPConfig, args ...string) {
+	r, cmd, stdout, stderr, exited := startRunBinaryOn(t, cfg, append([]string{"-discard", ":9", "-echo", ":7", "-stats", "1s"}, args...)...)
 	bed := r.bed // the stack is the binary's
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
@@ -244,6 +245,10 @@ func TestRunBadFlags(t *testing.T) {
 		{"bad-addr", []string{"run", "-tap", "x", "-addr", "nonsense"}},
 		{"bad-lro", []string{"run", "-lro", "maybe", "-tap", "x", "-addr", "10.0.0.2/24"}},
 		{"unknown-command", []string{"bogus"}},
+		{"tap-and-tun", []string{"run", "-tap", "x", "-tun", "y", "-addr", "10.0.0.2/24"}},
+		{"no-device", []string{"run", "-addr", "10.0.0.2/24"}},
+		{"tun-plain", []string{"run", "-tun", "y", "-wire", "plain", "-addr", "10.0.0.2/24"}},
+		{"tun-xdp", []string{"run", "-tun", "y", "-lro", "off", "-xdp", "pass", "-addr", "10.0.0.2/24"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -232,8 +232,15 @@ func TestShutdownSIGTERM(t *testing.T) {
 // still running, then removes the bed.
 func startRunBinary(t *testing.T, prefix string, flags ...string) (r *rig, cmd *exec.Cmd, stdout, stderr *syncBuffer, exited <-chan error) {
 	t.Helper()
+	return startRunBinaryOn(t, testbed.TAPConfig{Prefix: prefix}, flags...)
+}
+
+// startRunBinaryOn is startRunBinary on a bed of cfg: with cfg.TUN, `ustack
+// run -tun` on a TUN device.
+func startRunBinaryOn(t *testing.T, cfg testbed.TAPConfig, flags ...string) (r *rig, cmd *exec.Cmd, stdout, stderr *syncBuffer, exited <-chan error) {
+	t.Helper()
 	bin := ustackBinary(t)
-	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: prefix})
+	bed, err := testbed.NewTAPBed(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +251,11 @@ func startRunBinary(t *testing.T, prefix string, flags ...string) (r *rig, cmd *
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	args := append([]string{"run", "-tap", bed.TAPName, "-addr", bed.StackAddr4.String(), "-addr", bed.StackAddr6.String()}, flags...)
+	dev := "-tap"
+	if cfg.TUN {
+		dev = "-tun"
+	}
+	args := append([]string{"run", dev, bed.TAPName, "-addr", bed.StackAddr4.String(), "-addr", bed.StackAddr6.String()}, flags...)
 	cmd = bed.NS.Exec(ctx, bin, args...)
 	stdout, stderr = &syncBuffer{}, &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = stdout, stderr

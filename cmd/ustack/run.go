@@ -34,7 +34,12 @@ func runCmd(args []string) error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
-	open := func(name string) (driver.Wire, error) { return openWire(name, o.pol.plain, o.cfg.Driver.MTU) }
+	open := func(name string) (driver.Wire, error) {
+		if o.tun != "" {
+			return openTUN(name)
+		}
+		return openWire(name, o.pol.plain, o.cfg.Driver.MTU)
+	}
 	return newRunner(o, os.Stdout, os.Stderr).run(open, sig)
 }
 
@@ -56,7 +61,7 @@ func (r *runner) run(open func(tap string) (driver.Wire, error), sig <-chan os.S
 type runOptions struct {
 	pol                   policy
 	cfg                   stack.Config // pol's, finished
-	tap                   string
+	tap, tun              string       // the device: a TAP, or a TUN
 	addrs                 prefixList
 	discard, echo, iperf3 netip.AddrPort // invalid: not served
 	sockperf              netip.AddrPort
@@ -73,6 +78,7 @@ func parseRun(args []string) (*runOptions, error) {
 	o := &runOptions{}
 	var discard, echo, iperf3, sockperf string
 	fs.StringVar(&o.tap, "tap", "", "TAP device to attach to (created if it does not exist)")
+	fs.StringVar(&o.tun, "tun", "", "TUN device to attach to instead of a TAP (created if it does not exist): IP packets, no Ethernet header, no ARP or NDP")
 	fs.StringVar(&discard, "discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
 	fs.StringVar(&echo, "echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
 	fs.StringVar(&iperf3, "iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
@@ -88,8 +94,15 @@ func parseRun(args []string) (*runOptions, error) {
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	if o.tap == "" {
-		return nil, usageError{errors.New("-tap is required")}
+	switch {
+	case o.tap == "" && o.tun == "":
+		return nil, usageError{errors.New("-tap or -tun is required")}
+	case o.tap != "" && o.tun != "":
+		return nil, usageError{errors.New("-tap and -tun: one device, a TAP or a TUN")}
+	case o.tun != "" && o.pol.plain:
+		return nil, usageError{errors.New("-tun with -wire plain: the plain wire (water) is a TAP's; a TUN is opened with offloads")}
+	case o.tun != "" && (o.pol.xdp != "" || o.pol.tunnel):
+		return nil, usageError{errors.New("-tun with -xdp or -tunnel: both read an Ethernet header, which a TUN's packets do not have")}
 	}
 	if len(o.addrs) == 0 {
 		return nil, usageError{errors.New("-addr is required")}
@@ -113,6 +126,15 @@ func parseRun(args []string) (*runOptions, error) {
 		}
 	}
 	return o, nil
+}
+
+// openTUN opens run's TUN as wireguard-go's tun_linux.go opens one:
+// IFF_TUN|IFF_NO_PI|IFF_VNET_HDR with TUNSETOFFLOAD (CSUM, TSO4/6, USO4/6).
+func openTUN(name string) (driver.Wire, error) {
+	if runtime.GOOS != "linux" {
+		return nil, fmt.Errorf("-tun needs Linux's TUN (IFF_TUN with IFF_VNET_HDR); elsewhere use -tap with -wire plain")
+	}
+	return driver.OpenTAP(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true, TUN: true})
 }
 
 // openWire opens run's TAP: ustack's own TAP code, with the virtio-net
@@ -176,7 +198,11 @@ func (r *runner) build(open func(tap string) (driver.Wire, error)) error {
 		if p.path == "" {
 			continue
 		}
-		w, err := stack.CreatePcap(p.path)
+		create := stack.CreatePcap
+		if r.o.tun != "" {
+			create = stack.CreateRawPcap // IP packets
+		}
+		w, err := create(p.path)
 		if err != nil {
 			return usageError{err}
 		}
@@ -187,7 +213,7 @@ func (r *runner) build(open func(tap string) (driver.Wire, error)) error {
 			}
 		})
 	}
-	w, err := open(r.o.tap)
+	w, err := open(r.o.device())
 	if err != nil {
 		return usageError{err} // a missing TAP or no permission: say so, exit 2
 	}
@@ -285,7 +311,11 @@ func (r *runner) serve() error {
 			return nil
 		})
 	}
-	fmt.Fprintf(r.stderr, "ustack: on %s as %v, %s (mac %s)\n", o.tap, o.addrs, o.pol.String(), net.HardwareAddr(stack.DefaultMAC[:]))
+	if o.tun != "" {
+		fmt.Fprintf(r.stderr, "ustack: on TUN %s as %v, %s\n", o.tun, o.addrs, o.pol.String())
+	} else {
+		fmt.Fprintf(r.stderr, "ustack: on %s as %v, %s (mac %s)\n", o.tap, o.addrs, o.pol.String(), net.HardwareAddr(stack.DefaultMAC[:]))
+	}
 	return nil
 }
 
@@ -445,4 +475,12 @@ func drainXSK(s *stack.Stack, w xsk.Wire) (stop func(), err error) {
 		close(done)
 		wg.Wait()
 	}, nil
+}
+
+// device returns the name of run's device, the TAP's or the TUN's.
+func (o *runOptions) device() string {
+	if o.tun != "" {
+		return o.tun
+	}
+	return o.tap
 }
