@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
 	"github.com/ustack/ustack/stack/serve"
@@ -108,4 +109,36 @@ func TestTUNIPerf3(t *testing.T) {
 	needRoot(t)
 	needIPerf3(t)
 	iperf3Stack(t, newTUNRig(t, "usit-tuniperf", 1500, stack.Config{}))
+}
+
+// TestTUNPolicies runs the kernel -> ustack bulk check over a TUN device
+// with the receive-path policies that change how the NIC model lays out an
+// IP packet: hardware GRO (on and coalesce), the cyclic RQ, a fixed header
+// copy, MTU 9000 (the nonlinear RQ), and no page recycling. Every byte is
+// checked; each policy's counter moves.
+func TestTUNPolicies(t *testing.T) {
+	needRoot(t)
+	const n = 32 << 20
+	for i, tc := range []struct {
+		name    string
+		mtu     int
+		cfg     stack.Config
+		counter string
+	}{
+		{"hw-gro-on", 1500, stack.Config{Driver: driver.Config{HWGRO: driver.HWGROOn}}, "rx_gro_hw_sessions"},
+		{"hw-gro-coalesce", 1500, stack.Config{Driver: driver.Config{HWGRO: driver.HWGROCoalesce}}, "rx_gro_hw_sessions"},
+		{"rq-cyclic", 1500, stack.Config{Driver: driver.Config{RQ: driver.RQCyclic, LRO: true}}, "rx_lro_packets"},
+		{"hds-256/mtu-9000", 9000, stack.Config{Driver: driver.Config{HDS: 256}}, "rx_hds_payload_bytes"},
+		{"no-recycle", 1500, stack.Config{Driver: driver.Config{LRO: true}, Pool: bufpool.Config{NoRecycle: true}}, "rx_pp_alloc_slow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTUNRig(t, fmt.Sprintf("usit-tunp%d", i), tc.mtu, tc.cfg)
+			kernelToStack(t, r, i%2 == 1, 9, n, uint64(640+i))
+			if got := counters(r.st)[tc.counter]; got == 0 {
+				t.Errorf("%s: 0, want > 0 with %s", tc.counter, tc.name)
+			}
+			checkFlowDrops(t, r.st)
+			r.close(t)
+		})
+	}
 }

@@ -89,6 +89,17 @@ func benchCmd(args []string) error {
 	stopSig := testbed.CleanupOnSignal(bed)
 	defer stopSig()
 	defer bed.Close()
+	var tunBed *testbed.TAPBed // for the rows on a TUN device
+	for _, r := range rows {
+		if r.TUN && tunBed == nil {
+			if tunBed, err = testbed.NewTAPBed(testbed.TAPConfig{Prefix: "ustack-bench-tun", MTU: *mtu, TUN: true}); err != nil {
+				return err
+			}
+			stopTunSig := testbed.CleanupOnSignal(tunBed)
+			defer stopTunSig()
+			defer tunBed.Close()
+		}
+	}
 	var peer *bench.KernelPeer
 	if *kernel && !*rr && !*cpump && !*spf {
 		if peer, err = bench.NewKernelPeer(bed, *mtu); err != nil {
@@ -140,7 +151,11 @@ func benchCmd(args []string) error {
 	for r := 0; r < *rounds; r++ {
 		for i, row := range rows {
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s ...\n", r+1, *rounds, row.Name)
-			s, err := bench.Measure(bed, peer, exe, row, *dur, *cc, *wsize)
+			b := bed
+			if row.TUN {
+				b = tunBed
+			}
+			s, err := bench.Measure(b, peer, exe, row, *dur, *cc, *wsize)
 			if err != nil {
 				return fmt.Errorf("%s: %w", row.Name, err)
 			}

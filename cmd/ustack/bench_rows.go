@@ -22,6 +22,12 @@ func defaultRows(mtu int) []bench.Row {
 	add("off", "auto", "on")
 	add("off", "256", "on")
 	add("off", "auto", "off")
+	// The defaults on a TUN device, beside the TAP's first row: the same
+	// NIC model on IP packets without an Ethernet header.
+	p := basePolicy(mtu)
+	tun := row("TUN: ustack "+p.String(), p)
+	tun.TUN = true
+	rows = append(rows, tun)
 	return rows
 }
 

@@ -165,7 +165,7 @@ func TestBenchKernelRow(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	var ustackRows, kernelRows int
+	var ustackRows, kernelRows, tunRows int
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.Fields(l)
 		// name..., Gbit/s, (min-max), x kernel, x stock, ...
@@ -174,6 +174,9 @@ func TestBenchKernelRow(t *testing.T) {
 		case strings.HasPrefix(strings.TrimSpace(l), "ustack lro="):
 			ustackRows++
 			at = 6 // "ustack" and the five summary switches
+		case strings.HasPrefix(strings.TrimSpace(l), "TUN: ustack lro="):
+			tunRows++
+			at = 7 // "TUN:", "ustack" and the five summary switches
 		case strings.HasPrefix(strings.TrimSpace(l), "kernel over veth"):
 			kernelRows++
 			at = 3
@@ -192,12 +195,12 @@ func TestBenchKernelRow(t *testing.T) {
 			t.Errorf("kernel row %q: x kernel %v, want 1.00", l, ratio)
 		}
 	}
-	if ustackRows == 0 || kernelRows != 1 {
-		t.Errorf("%d ustack rows and %d kernel rows, want some and one:\n%s", ustackRows, kernelRows, out)
+	if ustackRows == 0 || kernelRows != 1 || tunRows != 1 {
+		t.Errorf("%d ustack rows, %d on a TUN and %d kernel rows, want some, one and one:\n%s", ustackRows, tunRows, kernelRows, out)
 	}
 	ns, _ := exec.Command("ip", "netns", "list").Output()
 	pid := fmt.Sprintf("-%d-", cmd.Process.Pid)
-	if strings.Contains(string(ns), "ustack-bench-rx"+pid) || strings.Contains(string(ns), "ustack-bench"+pid) {
+	if strings.Contains(string(ns), "ustack-bench-rx"+pid) || strings.Contains(string(ns), "ustack-bench"+pid) || strings.Contains(string(ns), "ustack-bench-tun"+pid) {
 		t.Errorf("namespaces left: %s", ns)
 	}
 }

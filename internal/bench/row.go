@@ -36,6 +36,7 @@ type Row struct {
 	MTU     int    // the link's MTU, which the Stock endpoint uses
 	Stock   bool   // gVisor's stock fdbased endpoint instead of ustack's driver
 	Kernel  bool   // the kernel's TCP over a veth pair (KernelPeer) instead of a stack
+	TUN     bool   // ustack on a TUN device (the caller's TUN bed) instead of the TAP
 	Client  string // the sender on a TAP: ClientBuiltin or ClientIPerf3; "": builtin
 }
 

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"errors"
+
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack"
@@ -14,6 +16,9 @@ import (
 func openWire(bed *testbed.TAPBed, p Policy, cfg *stack.Config) error {
 	var w driver.Wire
 	err := bed.Open(func() (err error) {
+		if p.PlainWire() && bed.TUN {
+			return errors.New("the plain wire (water) is a TAP's, not a TUN's")
+		}
 		if p.PlainWire() {
 			var pw *driver.PlainWire
 			pw, err = driver.OpenWater(bed.TAPName, driver.MaxFrameLen(cfg.Driver.MTU))
@@ -23,7 +28,7 @@ func openWire(bed *testbed.TAPBed, p Policy, cfg *stack.Config) error {
 			return err
 		}
 		var tap *driver.TAP
-		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true})
+		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true, TUN: bed.TUN})
 		if err == nil {
 			w = tap
 		}
