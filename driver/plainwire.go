@@ -208,8 +208,8 @@ func (w *PlainWire) Close() error {
 type queueReader struct {
 	free, full chan []byte
 	done       chan struct{}
-	errMu      sync.Mutex
-	// +checklocks:errMu
+	// err is the read error that ended the goroutine: written before it
+	// closes full, read after a receive from full saw it closed.
 	err error
 }
 
@@ -242,9 +242,7 @@ func (q *queueReader) run(rw io.Reader) {
 		}
 		n, err := rw.Read(buf)
 		if err != nil {
-			q.errMu.Lock()
 			q.err = err
-			q.errMu.Unlock()
 			close(q.full)
 			return
 		}
@@ -268,8 +266,6 @@ func (q *queueReader) read(b []byte, block bool) (int, error) {
 		}
 	}
 	if !ok {
-		q.errMu.Lock()
-		defer q.errMu.Unlock()
 		return 0, q.err
 	}
 	n := copy(b, buf)

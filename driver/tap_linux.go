@@ -69,6 +69,12 @@ type TAPConfig struct {
 	// as wireguard-go's tun_linux.go opens one (IFF_TUN|IFF_NO_PI|
 	// IFF_VNET_HDR, TUNSETOFFLOAD with CSUM, TSO4/6 and USO4/6).
 	TUN bool
+	// MultiQueue sets IFF_MULTI_QUEUE: the descriptor is one queue of a
+	// multi-queue device (`ip tuntap add ... multi_queue`, or one
+	// OpenTAPQueues creates); the kernel spreads flows over the queues
+	// (tun_select_queue) and a flow's packets follow the queue ustack last
+	// sent it on (tun_flow_update).
+	MultiQueue bool
 }
 
 // TAP is a Wire over a Linux TAP device (or a TUN device, TAPConfig.TUN).
@@ -128,6 +134,31 @@ func OpenTAP(cfg TAPConfig) (*TAP, error) {
 	return t, nil
 }
 
+// OpenTAPQueues opens n queues of the multi-queue device cfg.Name
+// (cfg.MultiQueue is implied), creating it if it does not exist: one
+// descriptor per queue, each a Wire of its own. On error it closes what it
+// opened. A device that exists without multi_queue cannot take them
+// (TUNSETIFF fails with EINVAL).
+func OpenTAPQueues(cfg TAPConfig, n int) ([]*TAP, error) {
+	if n < 1 || n > MaxQueues {
+		return nil, fmt.Errorf("open tap %q: %d queues: want 1 to %d", cfg.Name, n, MaxQueues)
+	}
+	cfg.MultiQueue = true
+	var qs []*TAP
+	for i := range n {
+		t, err := OpenTAP(cfg)
+		if err != nil {
+			for _, q := range qs {
+				q.Close()
+			}
+			return nil, fmt.Errorf("queue %d: %w", i, err)
+		}
+		qs = append(qs, t)
+		cfg.Name = t.Name() // a name the kernel chose, for the next queues
+	}
+	return qs, nil
+}
+
 func (t *TAP) setup(cfg TAPConfig) error {
 	ifr, err := unix.NewIfreq(cfg.Name)
 	if err != nil {
@@ -136,6 +167,9 @@ func (t *TAP) setup(cfg TAPConfig) error {
 	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
 	if cfg.TUN {
 		flags = unix.IFF_TUN | unix.IFF_NO_PI
+	}
+	if cfg.MultiQueue {
+		flags |= unix.IFF_MULTI_QUEUE
 	}
 	if cfg.VnetHdr {
 		flags |= unix.IFF_VNET_HDR

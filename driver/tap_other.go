@@ -14,7 +14,12 @@ type TAPConfig struct {
 	Offloads bool
 	// TUN opens a layer 3 device instead of a TAP.
 	TUN bool
+	// MultiQueue opens one queue of a multi-queue device.
+	MultiQueue bool
 }
+
+// OpenTAPQueues returns ErrNotSupported outside Linux.
+func OpenTAPQueues(cfg TAPConfig, n int) ([]*TAP, error) { return nil, ErrNotSupported }
 
 // TAP is a Wire over a Linux TAP device; elsewhere every method returns
 // ErrNotSupported.

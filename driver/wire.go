@@ -46,3 +46,7 @@ type VecReader interface {
 // maxReadIov bounds the buffers of one ReadVec: a 64 KB super-frame over
 // 4 KB pages needs 18, plus the NIC's header and spill buffers.
 const maxReadIov = 64
+
+// MaxQueues bounds the queues of one device ustack attaches to: tun's
+// MAX_TAP_QUEUES is 256, far more than a stack here spreads over.
+const MaxQueues = 16

@@ -12,11 +12,18 @@ import (
 // (releasing it) and passes the rest, recording what it was offered.
 type xdpCollector struct {
 	collector
-	mu      sync.Mutex
-	offered int // +checklocks:mu
-	heads   int // +checklocks:mu: frames offered without a packet
-	badOff  int // +checklocks:mu: head frames not at a stride's start + XDPHeadroom
-	csum    int // +checklocks:mu: frames with the NIC's checksum verdict
+	mu sync.Mutex
+	// offered frames, heads of them without a packet, badOff head frames
+	// not at a stride's start + XDPHeadroom, csum frames with the NIC's
+	// checksum verdict.
+	// +checklocks:mu
+	offered int
+	// +checklocks:mu
+	heads int
+	// +checklocks:mu
+	badOff int
+	// +checklocks:mu
+	csum int
 }
 
 func (c *xdpCollector) XDP(f bufpool.Frame) bool {

@@ -64,6 +64,9 @@ type linkEndpoint struct {
 	txMu sync.Mutex
 	// +checklocks:txMu
 	parts [][]byte
+	// txDrvs are the queues' drivers, queue 0's (drv) first, for transmit
+	// (txQueue); set before the stack starts.
+	txDrvs []*driver.Driver
 
 	// delack holds pure ACKs for the replies to carry (delack.go; nil:
 	// off). Its table is used under txMu.
@@ -364,16 +367,9 @@ func (e *linkEndpoint) Flush(more bool) time.Duration {
 	if e.gro == nil {
 		return 0
 	}
-	if more {
-		e.gro.FlushOlderThan(max(jiffy, e.groTimeout), e.nowNS())
-	} else {
-		e.gro.EndBatch(e.nowNS())
-	}
+	again := flushGRO(e.gro, e.groTimeout, more, e.nowNS())
 	e.now = 0
-	if e.gro.Held() > 0 {
-		return e.groTimeout
-	}
-	return 0
+	return again
 }
 
 // jiffy is how old a GRO packet may grow while the poll loop has more
@@ -593,7 +589,11 @@ func (e *linkEndpoint) transmitLocked(pkt *gstack.PacketBuffer, h *driver.Virtio
 		parts = append(parts, s[off:])
 		off = 0
 	}
-	err := e.drv.Transmit(h, parts)
+	drv := e.drv
+	if len(e.txDrvs) > 1 {
+		drv = e.txDrvs[txQueue(pkt, len(e.txDrvs))] // the flow's queue
+	}
+	err := drv.Transmit(h, parts)
 	for i := range parts {
 		parts[i] = nil
 	}

@@ -56,6 +56,14 @@ type Config struct {
 	// one end of driver.NewMemPair. The Stack owns it from New on and
 	// closes it.
 	Wire driver.Wire
+	// Queues are the further queues of a multi-queue device, whose first
+	// is Wire (driver.OpenTAPQueues): each gets a driver of its own (NIC
+	// model, ring, page pool of Pool's configuration, poll loop, GRO), all
+	// delivering to the one gVisor NIC; a flow's packets leave on the
+	// queue its hash picks. The Stack owns them. Not with XDP, a cpumap or
+	// zero copy. Driver.NICCPUs and PollCPUs pin queue i to their i-th CPU
+	// (round robin) when there are several queues.
+	Queues []driver.Wire
 	// Addrs are the stack's addresses with their subnets; a route to each
 	// subnet is added. There is no default route.
 	Addrs []netip.Prefix
@@ -142,12 +150,13 @@ const DefaultTCPReceiveBufferMax = 32 << 20
 
 // Stack is a running ustack: driver, link endpoint and gVisor stack.
 type Stack struct {
-	cfg   Config
-	drv   *driver.Driver
-	ep    *linkEndpoint
-	ip    *gstack.Stack
-	close sync.Once
-	views viewTotals
+	cfg    Config
+	drv    *driver.Driver
+	queues []*rxQueue // Config.Queues' (nil: one queue)
+	ep     *linkEndpoint
+	ip     *gstack.Stack
+	close  sync.Once
+	views  viewTotals
 	// mem bounds the TCP receive memory (nil: no bound).
 	mem *tcpMemGovernor
 }
@@ -160,8 +169,16 @@ func New(cfg Config) (s *Stack, err error) {
 	defer func() {
 		if err != nil {
 			cfg.Wire.Close()
+			for _, w := range cfg.Queues {
+				if w != nil {
+					w.Close() // again if a driver closed it: wires allow that
+				}
+			}
 		}
 	}()
+	if err := checkQueues(&cfg); err != nil {
+		return nil, err
+	}
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("stack: no address")
 	}
@@ -197,27 +214,42 @@ func New(cfg Config) (s *Stack, err error) {
 	if cfg.PcapWire != nil {
 		dc.WireTap = cfg.PcapWire
 	}
+	nq := 1 + len(cfg.Queues)
+	pins := [2][]int{dc.NICCPUs, dc.PollCPUs}
+	dc.NICCPUs, dc.PollCPUs = queuePin(pins[0], 0, nq), queuePin(pins[1], 0, nq)
 	if dc.Pool == nil {
-		pc := cfg.Pool
-		if pc.NoRecycle {
+		if cfg.Pool.NoRecycle {
 			dc.PagePerFrame = true // before ringPages: it sizes the RQ's WQEs
 		}
-		if cfg.ZeroCopy && pc.Memory == nil {
-			pc.Memory = newViewMemory()
-		}
-		if pc.RingSize == 0 {
-			pc.RingSize = ringPages(&dc, &pc)
-			if cfg.ZeroCopy {
-				pc.RingSize += ZeroCopyRingPages
-			}
-		}
-		if dc.Pool, err = bufpool.New(pc); err != nil {
+		if dc.Pool, err = newPool(&cfg, &dc); err != nil {
 			return nil, err
 		}
 	}
 	drv, err := driver.New(cfg.Wire, dc)
 	if err != nil {
 		return nil, err
+	}
+	// The further queues: a driver each, on a pool of its own, pinned to
+	// its CPUs. A failure closes what was made (and New's defer the wires).
+	var queues []*rxQueue
+	closeQueues := func() {
+		for _, q := range queues {
+			q.drv.Close()
+		}
+	}
+	for i, w := range cfg.Queues {
+		qc := dc
+		qc.NICCPUs, qc.PollCPUs = queuePin(pins[0], i+1, nq), queuePin(pins[1], i+1, nq)
+		if qc.Pool, err = newPool(&cfg, &qc); err == nil {
+			var qd *driver.Driver
+			if qd, err = driver.New(w, qc); err == nil {
+				queues = append(queues, &rxQueue{drv: qd})
+				continue
+			}
+		}
+		drv.Close()
+		closeQueues()
+		return nil, fmt.Errorf("stack: queue %d: %w", i+1, err)
 	}
 	dc = drv.Config()
 	ep := newLinkEndpoint(drv, dc.MTU, tcpip.LinkAddress(cfg.MAC[:]))
@@ -232,6 +264,7 @@ func New(cfg Config) (s *Stack, err error) {
 	ep.epoch = time.Now()
 	if cfg.DelayedACK < 0 {
 		drv.Close()
+		closeQueues()
 		return nil, fmt.Errorf("stack: delayed ack %v < 0", cfg.DelayedACK)
 	}
 	if cfg.DelayedACK > 0 {
@@ -240,6 +273,7 @@ func New(cfg Config) (s *Stack, err error) {
 	if !cfg.NoGRO {
 		if cfg.GROFlushTimeout < 0 {
 			drv.Close()
+			closeQueues()
 			return nil, fmt.Errorf("stack: gro flush timeout %v < 0", cfg.GROFlushTimeout)
 		}
 		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
@@ -252,19 +286,33 @@ func New(cfg Config) (s *Stack, err error) {
 	if len(cfg.CPUMap) > 0 {
 		if err := ep.startCPUMap(&cfg); err != nil {
 			drv.Close()
+			closeQueues()
 			return nil, err
 		}
 	}
 	ip, err := newGVisor(ep, ep.tunnel, &cfg)
 	if err != nil {
 		drv.Close()
+		closeQueues()
 		if ep.cpumap != nil {
 			ep.cpumap.Close()
 		}
 		return nil, err
 	}
+	ep.txDrvs = []*driver.Driver{drv}
+	for _, q := range queues {
+		q.ep = ep
+		if ep.gro != nil {
+			q.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
+			q.groTimeout = cfg.GROFlushTimeout
+		}
+		ep.txDrvs = append(ep.txDrvs, q.drv)
+	}
 	drv.Start(ep)
-	s = &Stack{cfg: cfg, drv: drv, ep: ep, ip: ip}
+	for _, q := range queues {
+		q.drv.Start(q)
+	}
+	s = &Stack{cfg: cfg, drv: drv, ep: ep, ip: ip, queues: queues}
 	if memOn {
 		s.mem = startTCPMem(ip, &ep.mem, memLimit, memPressure)
 	}
@@ -351,6 +399,22 @@ func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstac
 	}
 	ip.SetRouteTable(routes)
 	return ip, nil
+}
+
+// newPool makes a queue's page pool of cfg.Pool's configuration, sized for
+// dc's ring.
+func newPool(cfg *Config, dc *driver.Config) (*bufpool.Pool, error) {
+	pc := cfg.Pool
+	if cfg.ZeroCopy && pc.Memory == nil {
+		pc.Memory = newViewMemory()
+	}
+	if pc.RingSize == 0 {
+		pc.RingSize = ringPages(dc, &pc)
+		if cfg.ZeroCopy {
+			pc.RingSize += ZeroCopyRingPages
+		}
+	}
+	return bufpool.New(pc)
 }
 
 // ZeroCopyRingPages is what a zero-copy stack adds to its pool's ring: with
@@ -531,10 +595,18 @@ func (s *Stack) Close() error {
 		if s.drv != nil {
 			err = s.drv.Close()
 		}
-		// The poll loop has stopped: what its GRO holds, and what the
+		for _, q := range s.queues {
+			err = errors.Join(err, q.drv.Close())
+		}
+		// The poll loops have stopped: what their GRO holds, and what the
 		// cpumap workers have queued, goes to gVisor, which is still up.
 		if s.ep != nil && s.ep.gro != nil {
 			s.ep.gro.Flush()
+		}
+		for _, q := range s.queues {
+			if q.gro != nil {
+				q.gro.Flush()
+			}
 		}
 		if s.ep != nil && s.ep.cpumap != nil {
 			s.ep.cpuProd.Flush()
@@ -567,14 +639,9 @@ func (s *Stack) Counters() []Counter {
 // EachCounter calls fn for every counter, in a fixed order.
 func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	if s.drv != nil {
-		s.drv.Stats().Each(fn)
+		s.eachQueued(fn) // the driver's, its pool's, its GRO's: every queue's
 		if w, ok := s.cfg.Wire.(interface{ EachCounter(func(string, uint64)) }); ok {
 			w.EachCounter(fn) // a plain wire's software offloads
-		}
-		s.drv.EachHWGRO(fn)
-		s.drv.Pool().Stats().Each(fn)
-		if s.ep.gro != nil {
-			s.ep.gro.Stats().Each(fn)
 		}
 		s.ep.pages.each(fn)
 		if s.ep.lend != nil {

@@ -1,0 +1,145 @@
+package stack
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/bufpool"
+)
+
+// queueBridge stands for a multi-queue TAP's kernel side between a peer's
+// wire and a stack's queues: a frame from the peer goes to the queue its
+// flow hashes to (symmetric in the addresses and ports, as
+// __skb_get_hash_symmetric), and a frame from any queue goes to the peer.
+type queueBridge struct {
+	peer   *driver.MemWire
+	queues []*driver.MemWire
+	wg     sync.WaitGroup
+}
+
+func flowQueue(frame []byte, n int) int {
+	var fi driver.FrameInfo
+	if driver.ParseFrame(frame, &fi) != driver.DropNone || fi.L4 != driver.L4TCP && fi.L4 != driver.L4UDP {
+		return 0
+	}
+	ip := frame[fi.L2Len:]
+	var a, b []byte
+	if fi.L3 == driver.L3IPv4 {
+		a, b = ip[12:16], ip[16:20]
+	} else {
+		a, b = ip[8:24], ip[24:40]
+	}
+	l4 := frame[fi.L2Len+fi.L3Len:]
+	var h uint32
+	for _, c := range append(append([]byte(nil), a...), l4[0], l4[1]) {
+		h += uint32(c)
+	}
+	for _, c := range append(append([]byte(nil), b...), l4[2], l4[3]) {
+		h += uint32(c)
+	}
+	return int(h) % n
+}
+
+func (br *queueBridge) start() {
+	forward := func(from *driver.MemWire, to func([]byte) *driver.MemWire) {
+		defer br.wg.Done()
+		buf := make([]byte, driver.VirtioNetHdrLen+65535+18)
+		for {
+			n, err := from.Read(buf, true)
+			if err != nil {
+				return
+			}
+			to(buf[driver.VirtioNetHdrLen:n]).Write(buf[:n])
+		}
+	}
+	br.wg.Add(1 + len(br.queues))
+	go forward(br.peer, func(f []byte) *driver.MemWire { return br.queues[flowQueue(f, len(br.queues))] })
+	for _, q := range br.queues {
+		go forward(q, func([]byte) *driver.MemWire { return br.peer })
+	}
+}
+
+// TestQueues: a stack on two queues (Config.Queues) gets each flow on the
+// queue the bridge's hash picks, every byte of every flow, and counts each
+// queue's packets under ethtool's names (rx0_packets, rx1_packets, their
+// sum rx_packets); its replies leave on both queues (txQueue).
+func TestQueues(t *testing.T) {
+	a0, a0p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	a1, a1p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	b, bp := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	br := &queueBridge{peer: bp, queues: []*driver.MemWire{a0p, a1p}}
+	br.start()
+	t.Cleanup(func() {
+		for _, w := range []*driver.MemWire{a0p, a1p, bp} {
+			w.Close()
+		}
+		br.wg.Wait()
+	})
+	rxCfg := Config{Wire: a0, Queues: []driver.Wire{a1}, MAC: [6]byte{2, 0, 0, 0, 0, 1},
+		Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}, Pool: bufpool.Config{Poison: true}}
+	rx, err := New(rxCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := New(Config{Wire: b, MAC: [6]byte{2, 0, 0, 0, 0, 2}, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}})
+	if err != nil {
+		rx.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close(); rx.Close() })
+	if rx.Queues() != 2 {
+		t.Fatalf("Queues: %d, want 2", rx.Queues())
+	}
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() { bulkTo(t, rx, peer, netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(5001+i)), 2<<20) })
+	}
+	wg.Wait()
+	peer.Close()
+	rx.Close() // the counters stop moving: totals and queues add up
+	c := counterMap(rx)
+	if c["rx0_packets"] == 0 || c["rx1_packets"] == 0 || c["rx0_packets"]+c["rx1_packets"] != c["rx_packets"] {
+		t.Errorf("rx0_packets %d, rx1_packets %d, rx_packets %d: want both queues used and their sum", c["rx0_packets"], c["rx1_packets"], c["rx_packets"])
+	}
+	if c["tx0_packets"] == 0 || c["tx1_packets"] == 0 {
+		t.Errorf("tx0_packets %d, tx1_packets %d: want replies on both queues", c["tx0_packets"], c["tx1_packets"])
+	}
+	if _, ok := c["q1_poll_cpu_ns"]; !ok {
+		t.Errorf("no q1_poll_cpu_ns: want queue 1's other counters too")
+	}
+	for _, bad := range []Config{
+		{Wire: a0, Queues: []driver.Wire{nil}},
+		{Wire: a0, Queues: []driver.Wire{a1}, ZeroCopy: true},
+	} {
+		bad.Addrs = rxCfg.Addrs
+		if err := checkQueues(&bad); err == nil {
+			t.Errorf("checkQueues(%+v): no error", bad)
+		}
+	}
+}
+
+func TestSplitQueueCounter(t *testing.T) {
+	for _, tc := range []struct {
+		name, base string
+		q          int
+		ok         bool
+	}{
+		{"rx3_packets", "rx_packets", 3, true},
+		{"tx12_gso_packets", "tx_gso_packets", 12, true},
+		{"q1_nic_cpu_ns", "nic_cpu_ns", 1, true},
+		{"rx_packets", "", 0, false},
+		{"rx_pkt_pages_1", "", 0, false},
+		{"rx3", "", 0, false},
+		{"queue_x", "", 0, false},
+	} {
+		base, q, ok := SplitQueueCounter(tc.name)
+		if base != tc.base || q != tc.q || ok != tc.ok {
+			t.Errorf("SplitQueueCounter(%q): got %q %d %v, want %q %d %v", tc.name, base, q, ok, tc.base, tc.q, tc.ok)
+		}
+		if ok && queueCounterName(base, q) != tc.name {
+			t.Errorf("queueCounterName(%q, %d) = %q, want %q", base, q, queueCounterName(base, q), tc.name)
+		}
+	}
+}
