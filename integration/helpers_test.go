@@ -96,6 +96,27 @@ func newTUNRig(t *testing.T, prefix string, mtu int, sc stack.Config) *rig {
 	return newBedRig(t, newBedConfig(t, testbed.TAPConfig{Prefix: prefix, MTU: mtu, TUN: true}), mtu, sc)
 }
 
+// newQueuesRig is newRigConfig on n queues of a multi-queue TAP (or TUN,
+// with tun): the first is the stack's Wire, the rest its Config.Queues.
+func newQueuesRig(t *testing.T, prefix string, n int, tun bool, sc stack.Config) *rig {
+	t.Helper()
+	bed := newBedConfig(t, testbed.TAPConfig{Prefix: prefix, TUN: tun, MultiQueue: true})
+	var qs []*driver.TAP
+	if err := bed.Open(func() (err error) {
+		qs, err = driver.OpenTAPQueues(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true, TUN: tun}, n)
+		return err
+	}); err != nil {
+		for _, q := range qs {
+			q.Close()
+		}
+		t.Fatal(err)
+	}
+	for _, q := range qs[1:] {
+		sc.Queues = append(sc.Queues, q)
+	}
+	return newBedRigOn(t, bed, 1500, sc, qs[0])
+}
+
 // newBedConfig builds a bed of cfg that cleanup removes.
 func newBedConfig(t *testing.T, cfg testbed.TAPConfig) *testbed.TAPBed {
 	t.Helper()
@@ -121,23 +142,6 @@ func newBedRig(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config) *rig
 // plain wire.
 func newBedRigWire(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config, plain bool) *rig {
 	t.Helper()
-	dc := sc.Driver
-	// The pool of sc.Pool (limits, recycling), always poisoning.
-	pc := sc.Pool
-	pc.Poison = true
-	if sc.ZeroCopy && pc.Memory == nil {
-		// Lent pages wait in the ring while gVisor holds them.
-		pc.Memory = stack.NewChunkMemory()
-		if pc.RingSize == 0 {
-			pc.RingSize = stack.ZeroCopyRingPages
-		}
-	}
-	pool, err := bufpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc.MTU = mtu
-	dc.Pool = pool
 	var w driver.Wire
 	if err := bed.Open(func() (err error) {
 		if plain {
@@ -158,7 +162,33 @@ func newBedRigWire(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config, 
 		}
 		t.Fatal(err)
 	}
-	sc.Wire = w // closed by New on error, by the stack's Close otherwise
+	return newBedRigOn(t, bed, mtu, sc, w)
+}
+
+// newBedRigOn starts the rig's stack on the wire w (and sc.Queues),
+// opened on bed, with queue 0's pool of sc.Pool poisoning.
+func newBedRigOn(t *testing.T, bed *testbed.TAPBed, mtu int, sc stack.Config, w driver.Wire) *rig {
+	t.Helper()
+	dc := sc.Driver
+	// The pool of sc.Pool (limits, recycling), always poisoning.
+	pc := sc.Pool
+	pc.Poison = true
+	if sc.ZeroCopy && pc.Memory == nil {
+		// Lent pages wait in the ring while gVisor holds them.
+		pc.Memory = stack.NewChunkMemory()
+		if pc.RingSize == 0 {
+			pc.RingSize = stack.ZeroCopyRingPages
+		}
+	}
+	pool, err := bufpool.New(pc)
+	if err != nil {
+		w.Close()
+		t.Fatal(err)
+	}
+	dc.MTU = mtu
+	dc.Pool = pool
+	sc.Pool.Poison = true // the further queues' pools
+	sc.Wire = w           // closed by New on error, by the stack's Close otherwise
 	sc.Addrs = []netip.Prefix{bed.StackAddr4, bed.StackAddr6}
 	sc.Driver = dc
 	st, err := stack.New(sc)
@@ -183,8 +213,10 @@ func (r *rig) close(t *testing.T) {
 		if err := r.st.Close(); err != nil {
 			t.Errorf("stack Close: %v", err)
 		}
-		if n := r.st.Driver().Pool().InUse(); n != 0 {
-			t.Errorf("pages in use after stack Close: got %d, want 0", n)
+		for q := range r.st.Queues() {
+			if n := r.st.QueueDriver(q).Pool().InUse(); n != 0 {
+				t.Errorf("queue %d: pages in use after stack Close: got %d, want 0", q, n)
+			}
 		}
 	})
 }

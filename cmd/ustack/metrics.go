@@ -1,14 +1,20 @@
 package main
 
 import (
+	"strconv"
 	"strings"
+
+	"github.com/ustack/ustack/stack"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // collector exports counters as Prometheus metrics, one per counter, named
 // ustack_<counter> (gauges for the few that are levels, such as
-// rx_pp_pages_in_use; counters otherwise). each enumerates the counters:
+// rx_pp_pages_in_use; counters otherwise). A queue's counter of a
+// multi-queue stack (rx1_packets, q1_poll_cpu_ns) is
+// ustack_queue_<total's name> with a queue label:
+// ustack_queue_rx_packets{queue="1"}. each enumerates the counters:
 // run's are the stack's and its servers'. Register it with a
 // prometheus.Registry and serve that with promhttp.
 type collector struct {
@@ -27,11 +33,16 @@ func (c *collector) Describe(chan<- *prometheus.Desc) {}
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.each(func(name string, v uint64) {
-		typ, help := prometheus.CounterValue, "ustack counter "+name+" (see docs/counters.md)."
-		if isGauge(name) {
+		base, labels := name, prometheus.Labels(nil)
+		metric := "ustack_" + name
+		if b, q, ok := stack.SplitQueueCounter(name); ok {
+			base, labels, metric = b, prometheus.Labels{"queue": strconv.Itoa(q)}, "ustack_queue_"+b
+		}
+		typ, help := prometheus.CounterValue, "ustack counter "+base+" (see docs/counters.md)."
+		if isGauge(base) {
 			typ = prometheus.GaugeValue
 		}
-		desc := prometheus.NewDesc("ustack_"+name, help, nil, nil)
+		desc := prometheus.NewDesc(metric, help, nil, labels)
 		ch <- prometheus.MustNewConstMetric(desc, typ, float64(v))
 	})
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -158,5 +159,52 @@ func TestStartCPUProfile(t *testing.T) {
 	var ue usageError
 	if _, err := startCPUProfile(filepath.Join(t.TempDir(), "no", "such", "dir")); !errors.As(err, &ue) {
 		t.Errorf("uncreatable path: got %v, want a usage error", err)
+	}
+}
+
+// TestCollectorQueues: a multi-queue stack's per-queue counters become
+// ustack_queue_<total's name> with a queue label, beside the totals, and a
+// pedantic registry takes them (one label set per metric name).
+func TestCollectorQueues(t *testing.T) {
+	each := func(fn func(string, uint64)) {
+		for _, c := range []struct {
+			name string
+			v    uint64
+		}{{"rx_packets", 30}, {"rx0_packets", 10}, {"rx1_packets", 20}, {"q1_poll_cpu_ns", 5}, {"rx0_pp_pages_in_use", 7}, {"rx1_pp_pages_in_use", 8}} {
+			fn(c.name, c.v)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(newCollector(each)); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			v := m.GetCounter().GetValue()
+			if g := m.GetGauge(); g != nil {
+				v, key = g.GetValue(), key+" gauge"
+			}
+			got[key] = fmt.Sprint(v)
+		}
+	}
+	for key, want := range map[string]string{
+		"ustack_rx_packets":                              "30",
+		"ustack_queue_rx_packets{queue=0}":               "10",
+		"ustack_queue_rx_packets{queue=1}":               "20",
+		"ustack_queue_poll_cpu_ns{queue=1}":              "5",
+		"ustack_queue_rx_pp_pages_in_use{queue=1} gauge": "8",
+	} {
+		if got[key] != want {
+			t.Errorf("%s: got %q, want %s (all: %v)", key, got[key], want, got)
+		}
 	}
 }

@@ -62,6 +62,7 @@ type runOptions struct {
 	pol                   policy
 	cfg                   stack.Config // pol's, finished
 	tap, tun              string       // the device: a TAP, or a TUN
+	queues                int          // -queues
 	addrs                 prefixList
 	discard, echo, iperf3 netip.AddrPort // invalid: not served
 	sockperf              netip.AddrPort
@@ -79,6 +80,7 @@ func parseRun(args []string) (*runOptions, error) {
 	var discard, echo, iperf3, sockperf string
 	fs.StringVar(&o.tap, "tap", "", "TAP device to attach to (created if it does not exist)")
 	fs.StringVar(&o.tun, "tun", "", "TUN device to attach to instead of a TAP (created if it does not exist): IP packets, no Ethernet header, no ARP or NDP")
+	fs.IntVar(&o.queues, "queues", 1, fmt.Sprintf("queues of the TAP or TUN (IFF_MULTI_QUEUE; 1..%d): a NIC model, ring, pool, poll loop and GRO each; -nic-cpu and -poll-cpu lists pin queue i to their i-th CPU", driver.MaxQueues))
 	fs.StringVar(&discard, "discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
 	fs.StringVar(&echo, "echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
 	fs.StringVar(&iperf3, "iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
@@ -101,6 +103,10 @@ func parseRun(args []string) (*runOptions, error) {
 		return nil, usageError{errors.New("-tap and -tun: one device, a TAP or a TUN")}
 	case o.tun != "" && o.pol.plain:
 		return nil, usageError{errors.New("-tun with -wire plain: the plain wire (water) is a TAP's; a TUN is opened with offloads")}
+	case o.queues < 1 || o.queues > driver.MaxQueues:
+		return nil, usageError{fmt.Errorf("-queues %d: want 1 to %d", o.queues, driver.MaxQueues)}
+	case o.queues > 1 && (o.pol.plain || o.pol.xdp != "" || o.pol.cfg.ZeroCopy || len(o.pol.cfg.CPUMap) > 0):
+		return nil, usageError{errors.New("-queues with -wire plain, -xdp, -cpumap or -zero-copy: not supported; one queue serves them")}
 	case o.tun != "" && (o.pol.xdp != "" || o.pol.tunnel):
 		return nil, usageError{errors.New("-tun with -xdp or -tunnel: both read an Ethernet header, which a TUN's packets do not have")}
 	}
@@ -135,6 +141,14 @@ func openTUN(name string) (driver.Wire, error) {
 		return nil, fmt.Errorf("-tun needs Linux's TUN (IFF_TUN with IFF_VNET_HDR); elsewhere use -tap with -wire plain")
 	}
 	return driver.OpenTAP(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true, TUN: true})
+}
+
+// openQueues opens n queues of run's multi-queue TAP or TUN.
+func openQueues(name string, tun bool, n int) ([]*driver.TAP, error) {
+	if runtime.GOOS != "linux" {
+		return nil, fmt.Errorf("-queues needs Linux's multi-queue TAP and TUN")
+	}
+	return driver.OpenTAPQueues(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true, TUN: tun}, n)
 }
 
 // openWire opens run's TAP: ustack's own TAP code, with the virtio-net
@@ -213,8 +227,18 @@ func (r *runner) build(open func(tap string) (driver.Wire, error)) error {
 			}
 		})
 	}
-	w, err := open(r.o.device())
-	if err != nil {
+	var w driver.Wire
+	var err error
+	if r.o.queues > 1 {
+		var qs []*driver.TAP
+		if qs, err = openQueues(r.o.device(), r.o.tun != "", r.o.queues); err != nil {
+			return usageError{err}
+		}
+		w = qs[0]
+		for _, q := range qs[1:] {
+			cfg.Queues = append(cfg.Queues, q)
+		}
+	} else if w, err = open(r.o.device()); err != nil {
 		return usageError{err} // a missing TAP or no permission: say so, exit 2
 	}
 	cfg.Wire = w

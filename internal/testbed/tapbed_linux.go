@@ -28,6 +28,10 @@ type TAPConfig struct {
 	// TUN makes the device a TUN (`ip tuntap add mode tun`): a layer 3
 	// link, IP packets without an Ethernet header, no ARP or NDP.
 	TUN bool
+	// MultiQueue makes the device multi-queue (`ip tuntap add ...
+	// multi_queue`): every descriptor attached to it (IFF_MULTI_QUEUE)
+	// is a queue.
+	MultiQueue bool
 }
 
 // TAPBed is a fresh namespace holding a persistent TAP device that is
@@ -49,6 +53,8 @@ type TAPBed struct {
 	MTU int
 	// TUN: the device is a TUN (TAPConfig.TUN).
 	TUN bool
+	// MultiQueue: the device is multi-queue (TAPConfig.MultiQueue).
+	MultiQueue bool
 	// KernelAddr4 and KernelAddr6 are the kernel side's addresses, with
 	// the subnet's prefix length.
 	KernelAddr4, KernelAddr6 netip.Prefix
@@ -96,6 +102,7 @@ func NewTAPBed(cfg TAPConfig) (*TAPBed, error) {
 		TAPName:     cfg.TAPName,
 		MTU:         cfg.MTU,
 		TUN:         cfg.TUN,
+		MultiQueue:  cfg.MultiQueue,
 		KernelAddr4: k4, StackAddr4: s4,
 		KernelAddr6: k6, StackAddr6: s6,
 	}
@@ -103,8 +110,12 @@ func NewTAPBed(cfg TAPConfig) (*TAPBed, error) {
 	if cfg.TUN {
 		mode = "tun"
 	}
+	add := []string{"tuntap", "add", "dev", b.TAPName, "mode", mode}
+	if cfg.MultiQueue {
+		add = append(add, "multi_queue")
+	}
 	steps := [][]string{
-		{"tuntap", "add", "dev", b.TAPName, "mode", mode},
+		add,
 		{"link", "set", "dev", b.TAPName, "mtu", strconv.Itoa(b.MTU)},
 		{"addr", "add", k4.String(), "dev", b.TAPName},
 		{"addr", "add", k6.String(), "dev", b.TAPName, "nodad"},
