@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
 )
 
 // queueBridge stands for a multi-queue TAP's kernel side between a peer's
@@ -94,7 +94,9 @@ func TestQueues(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for i := range 6 {
-		wg.Go(func() { bulkTo(t, rx, peer, netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(5001+i)), 2<<20) })
+		wg.Go(func() {
+			bulkTo(t, rx, peer, netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(5001+i)), 2<<20)
+		})
 	}
 	wg.Wait()
 	peer.Close()
