@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/bench"
 	"github.com/ustack/ustack/internal/testbed"
 )
@@ -30,6 +31,7 @@ func benchCmd(args []string) error {
 		kernel  = fs.Bool("kernel", true, "add a row for the kernel's TCP over a veth pair from the sender's namespace, the same sender and discard reader (not with -client iperf3, -pool or -hwgro)")
 		pool    = fs.Bool("pool", false, "measure page recycling (seed 001) on the cyclic RQ (mlx4's ring): recycle off (an order-0 page per RX slot, as mlx4 before the patch) and on (frames packed into pages, a quarantine half, high-order allocations split into order-0 units) at 4k/64k pages, LRO off")
 		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
+		queues  = fs.String("queues", "", "run the ustack rows on a multi-queue TAP with each of these queue counts (e.g. 1,2; with -P 4,8): flows spread over the queues by the kernel")
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
 		rr      = fs.Bool("rr", false, "measure TCP request/response latency (issue 18): ustack's echo against the kernel's TCP over a veth, 64 B, one connection")
@@ -144,6 +146,40 @@ func benchCmd(args []string) error {
 		}
 		rows = expanded
 	}
+	var qcounts []int
+	for _, f := range strings.Split(*queues, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > driver.MaxQueues {
+			return usageError{fmt.Errorf("-queues %q: want queue counts in 1..%d", *queues, driver.MaxQueues)}
+		}
+		qcounts = append(qcounts, n)
+	}
+	var mqBed *testbed.TAPBed
+	if len(qcounts) > 0 {
+		if mqBed, err = testbed.NewTAPBed(testbed.TAPConfig{Prefix: "ustack-bench-mq", MTU: *mtu, MultiQueue: true}); err != nil {
+			return err
+		}
+		stopMQSig := testbed.CleanupOnSignal(mqBed)
+		defer stopMQSig()
+		defer mqBed.Close()
+		var expanded []bench.Row
+		for _, r := range rows {
+			if r.Kernel || r.Stock || r.TUN {
+				expanded = append(expanded, r)
+				continue
+			}
+			base := r.Name
+			for _, q := range qcounts {
+				r.Queues = q
+				r.Name = fmt.Sprintf("%s, %d queue%s", base, q, map[bool]string{true: "s"}[q > 1])
+				expanded = append(expanded, r)
+			}
+		}
+		rows = expanded
+	}
 	for i := range rows {
 		rows[i].Client = *client
 	}
@@ -152,8 +188,11 @@ func benchCmd(args []string) error {
 		for i, row := range rows {
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s ...\n", r+1, *rounds, row.Name)
 			b := bed
-			if row.TUN {
+			switch {
+			case row.TUN:
 				b = tunBed
+			case row.Queues > 0:
+				b = mqBed
 			}
 			s, err := bench.Measure(b, peer, exe, row, *dur, *cc, *wsize)
 			if err != nil {
@@ -172,5 +211,6 @@ func benchCmd(args []string) error {
 		return nil
 	}
 	bench.PrintBench(os.Stdout, rows, results)
+	bench.PrintQueueShares(os.Stdout, rows, results)
 	return nil
 }

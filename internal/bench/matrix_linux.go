@@ -440,7 +440,7 @@ func (e *matrixEnv) ustack(pol Policy, tunnel bool) (st *target, dst netip.Addr,
 			untunnel = cleanup
 		}
 	}
-	if err := openWire(e.bed, pol, &cfg); err != nil {
+	if err := openWire(e.bed, pol, &cfg, 0); err != nil {
 		untunnel()
 		return nil, dst, nil, err
 	}

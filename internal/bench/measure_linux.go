@@ -165,7 +165,7 @@ func openTarget(bed *testbed.TAPBed, row Row) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := openWire(bed, row.Policy, &cfg); err != nil {
+	if err := openWire(bed, row.Policy, &cfg, row.Queues); err != nil {
 		return nil, err
 	}
 	cfg.Addrs = addrs

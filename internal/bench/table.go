@@ -169,3 +169,28 @@ func Median(xs []float64) (med, lo, hi float64) {
 	}
 	return med, s[0], s[n-1]
 }
+
+// PrintQueueShares prints, for each row on several queues, how the last
+// run's packets split over the queues (rxN_packets over rx_packets) and
+// each queue's NIC model and poll loop CPU (qN_nic_cpu_ns, qN_poll_cpu_ns):
+// whether the kernel spread the flows, and where the CPU went. Nothing
+// when no row has several queues.
+func PrintQueueShares(w io.Writer, rows []Row, results [][]Sample) {
+	for i, r := range rows {
+		if r.Queues < 2 || len(results[i]) == 0 {
+			continue
+		}
+		c := summarize(results[i]).counters
+		var parts []string
+		for q := range r.Queues {
+			n := strconv.Itoa(q)
+			share := 0.0
+			if t := c["rx_packets"]; t > 0 {
+				share = 100 * float64(c["rx"+n+"_packets"]) / float64(t)
+			}
+			parts = append(parts, fmt.Sprintf("queue %d %.0f%% (NIC %.2fs, poll %.2fs)", q, share,
+				float64(c["q"+n+"_nic_cpu_ns"])/1e9, float64(c["q"+n+"_poll_cpu_ns"])/1e9))
+		}
+		fmt.Fprintf(w, "%s: %s\n", r.Name, strings.Join(parts, ", "))
+	}
+}

@@ -80,3 +80,17 @@ func TestBenchKernelColumn(t *testing.T) {
 		t.Errorf("kernel row %q: want no counters", lines[2])
 	}
 }
+
+func TestPrintQueueShares(t *testing.T) {
+	rows := []Row{{Name: "one"}, {Name: "two queues", Queues: 2}}
+	results := [][]Sample{
+		{{gbps: 1, counters: map[string]uint64{"rx_packets": 10}}},
+		{{gbps: 1, counters: map[string]uint64{"rx_packets": 100, "rx0_packets": 25, "rx1_packets": 75, "q1_poll_cpu_ns": 2e9}}},
+	}
+	var b strings.Builder
+	PrintQueueShares(&b, rows, results)
+	want := "two queues: queue 0 25% (NIC 0.00s, poll 0.00s), queue 1 75% (NIC 0.00s, poll 2.00s)\n"
+	if got := b.String(); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}

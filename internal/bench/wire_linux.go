@@ -12,9 +12,31 @@ import (
 // own TAP code with the virtio-net header and offloads, or, for a policy
 // with a plain wire (-wire plain), water's bare frames without offloads.
 // It waits for the link as bed.Open does; on error whatever it opened is
-// closed.
-func openWire(bed *testbed.TAPBed, p Policy, cfg *stack.Config) error {
+// closed. queues > 0 opens that many queues of the bed's multi-queue
+// device, the first as cfg.Wire and the rest as cfg.Queues.
+func openWire(bed *testbed.TAPBed, p Policy, cfg *stack.Config, queues int) error {
 	var w driver.Wire
+	if queues > 0 {
+		if !bed.MultiQueue || p.PlainWire() {
+			return errors.New("queues need a multi-queue bed and ustack's own TAP code")
+		}
+		var qs []*driver.TAP
+		err := bed.Open(func() (err error) {
+			qs, err = driver.OpenTAPQueues(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true, TUN: bed.TUN}, queues)
+			return err
+		})
+		if err != nil {
+			for _, q := range qs {
+				q.Close()
+			}
+			return err
+		}
+		cfg.Wire = qs[0]
+		for _, q := range qs[1:] {
+			cfg.Queues = append(cfg.Queues, q)
+		}
+		return nil
+	}
 	err := bed.Open(func() (err error) {
 		if p.PlainWire() && bed.TUN {
 			return errors.New("the plain wire (water) is a TAP's, not a TUN's")
