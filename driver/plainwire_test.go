@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,18 +14,9 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-// seqpacketPair returns the two ends of a SOCK_SEQPACKET socket pair as
-// non-blocking files: a device that moves whole frames, as a TAP does.
-func seqpacketPair(t *testing.T) (dev, peer *os.File) {
-	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, peer = os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "peer")
-	t.Cleanup(func() { dev.Close(); peer.Close() })
-	return dev, peer
-}
+// seqpacketPair returns the ends of a SOCK_SEQPACKET pair: a device that
+// moves whole frames, as a TAP does.
+func seqpacketPair(t *testing.T) (dev, peer *os.File) { return testutil.SeqpacketPair(t, 0) }
 
 // hidden hides an *os.File's descriptor, as water's Windows device has
 // none: the wire reads it on a goroutine.

@@ -10,7 +10,6 @@ import (
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
-	"github.com/ustack/ustack/stack/serve"
 )
 
 // TestTUNBulk runs the byte-exact bulk checks over a TUN device: the
@@ -62,25 +61,7 @@ func TestTUNEcho(t *testing.T) {
 		t.Run(family(v6), func(t *testing.T) {
 			r := newTUNRig(t, fmt.Sprintf("usit-tune%d", i), 1500, stack.Config{Driver: driver.Config{LRO: true}})
 			tcpEcho(t, r, v6, 16<<20, uint64(620+i))
-			ap := r.stackAP(v6, 7)
-			u, err := r.st.ListenUDP(ap)
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan error, 1)
-			go func() { served <- serve.UDPEcho(u) }()
-			defer func() {
-				u.Close()
-				if err := <-served; err != nil {
-					t.Errorf("UDPEcho: %v", err)
-				}
-			}()
-			k, err := r.bed.NS.ListenUDP(r.kernelAP(v6, 0))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer k.Close()
-			udpEcho(t, k, ap, 50, 3)
+			udpEchoServer(t, r, v6, 7, 50, 3)
 		})
 	}
 }

@@ -178,27 +178,34 @@ func TestUDPEcho(t *testing.T) {
 	for i, v6 := range []bool{false, true} {
 		t.Run(family(v6), func(t *testing.T) {
 			r := newRig(t, fmt.Sprintf("usit-uecho%d", i), 1500, driver.Config{})
-			ap := r.stackAP(v6, port)
-			u, err := r.st.ListenUDP(ap)
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan error, 1)
-			go func() { served <- serve.UDPEcho(u) }()
-			defer func() {
-				u.Close()
-				if err := <-served; err != nil {
-					t.Errorf("UDPEcho: %v", err)
-				}
-			}()
-			k, err := r.bed.NS.ListenUDP(r.kernelAP(v6, 0))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer k.Close()
-			udpEcho(t, k, ap, count, tries)
+			udpEchoServer(t, r, v6, port, count, tries)
 		})
 	}
+}
+
+// udpEchoServer serves UDP echo on r's stack at port and has a kernel
+// socket check count datagrams through it (udpEcho).
+func udpEchoServer(t *testing.T, r *rig, v6 bool, port uint16, count, tries int) {
+	t.Helper()
+	ap := r.stackAP(v6, port)
+	u, err := r.st.ListenUDP(ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- serve.UDPEcho(u) }()
+	defer func() {
+		u.Close()
+		if err := <-served; err != nil {
+			t.Errorf("UDPEcho: %v", err)
+		}
+	}()
+	k, err := r.bed.NS.ListenUDP(r.kernelAP(v6, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	udpEcho(t, k, ap, count, tries)
 }
 
 // udpEcho sends count datagrams of varying sizes from k to the echo server

@@ -4,11 +4,10 @@ package stack
 
 import (
 	"net/netip"
-	"os"
-	"syscall"
 	"testing"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testutil"
 )
 
 // plainPair returns two PlainWires over the ends of a SOCK_SEQPACKET
@@ -16,17 +15,8 @@ import (
 // opened without IFF_VNET_HDR does.
 func plainPair(t *testing.T) (a, b *driver.PlainWire) {
 	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, fd := range fds { // room for a burst of frames in flight
-		syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4<<20)
-		syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<20)
-	}
-	a = driver.NewPlainWire(os.NewFile(uintptr(fds[0]), "a"), 1518)
-	b = driver.NewPlainWire(os.NewFile(uintptr(fds[1]), "b"), 1518)
-	return a, b
+	fa, fb := testutil.SeqpacketPair(t, 4<<20) // room for a burst of frames in flight
+	return driver.NewPlainWire(fa, 1518), driver.NewPlainWire(fb, 1518)
 }
 
 // TestPlainWireTCP: over wires without offloads, gVisor segments and
