@@ -47,8 +47,10 @@ func (a Action) String() string {
 // copy of a multi-buffer frame) and may rewrite bytes in place; it borrows
 // data for the call only. For
 // Redirect it returns the target entry: an index into the Map's CPU list,
-// not an OS CPU number. Run is called from the poll loop's goroutine; it
-// must not allocate, and must not panic whatever the bytes.
+// not an OS CPU number. Run is called from the poll loops' goroutines, one
+// per receive queue, possibly at once: it must be safe for concurrent use
+// (the built-in programs only read their tables), must not allocate, and
+// must not panic whatever the bytes.
 type Program interface {
 	Run(data []byte) (Action, int)
 }

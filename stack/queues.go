@@ -9,6 +9,8 @@ import (
 
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
+	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/gro"
 )
@@ -26,9 +28,19 @@ type rxQueue struct {
 	gro        *gro.Engine // nil with GRO off
 	groTimeout time.Duration
 	now        int64 // the current batch's clock (ns since ep.epoch), 0 between batches
+	// The queue's XDP state (with Config.XDP): its scratch and its cpumap
+	// producer (nil: no cpumap), as each CPU has its xdp_bulk_queue.
+	xdpParts [][]byte
+	cpuProd  *cpumap.Producer
 }
 
-var _ driver.Handler = (*rxQueue)(nil)
+var _ driver.XDPHandler = (*rxQueue)(nil)
+
+// XDP runs the stack's XDP program on this queue's frames
+// (driver.XDPHandler; the driver offers frames only with Config.XDP).
+func (q *rxQueue) XDP(f bufpool.Frame) bool {
+	return q.ep.runXDP(&q.xdpParts, q.cpuProd, false, f)
+}
 
 // Deliver is the link endpoint's Deliver for this queue: GRO, then
 // gVisor.
@@ -42,6 +54,9 @@ func (q *rxQueue) Deliver(p *driver.Packet) {
 
 // Flush ends a poll batch as the link endpoint's Flush does.
 func (q *rxQueue) Flush(more bool) time.Duration {
+	if q.cpuProd != nil {
+		q.cpuProd.Flush() // xdp_do_flush
+	}
 	if q.gro == nil {
 		return 0
 	}
@@ -73,9 +88,7 @@ func flushGRO(g *gro.Engine, timeout time.Duration, more bool, now int64) time.D
 	return 0
 }
 
-// checkQueues refuses the configurations several queues cannot serve yet:
-// an XDP program or a cpumap (each poll loop would need its own producer
-// and XDP state) and zero copy (its bound on lent pages is one pool's).
+// checkQueues checks the further queues' wires.
 func checkQueues(cfg *Config) error {
 	if len(cfg.Queues) == 0 {
 		return nil
@@ -87,9 +100,6 @@ func checkQueues(cfg *Config) error {
 		if w == nil {
 			return errors.New("stack: a nil queue wire")
 		}
-	}
-	if cfg.XDP != nil || len(cfg.CPUMap) > 0 || cfg.ZeroCopy {
-		return errors.New("stack: several queues with XDP, a cpumap or zero copy: not supported yet (one queue serves them)")
 	}
 	return nil
 }

@@ -2,10 +2,12 @@ package stack
 
 import (
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 )
 
@@ -64,8 +66,42 @@ func (br *queueBridge) start() {
 // TestQueues: a stack on two queues (Config.Queues) gets each flow on the
 // queue the bridge's hash picks, every byte of every flow, and counts each
 // queue's packets under ethtool's names (rx0_packets, rx1_packets, their
-// sum rx_packets); its replies leave on both queues (txQueue).
+// sum rx_packets); its replies leave on both queues (txQueue). Also with an
+// XDP program redirecting every frame to a cpumap worker from both queues'
+// poll loops (a producer each), and with zero copy (pages lent from both
+// queues' pools).
 func TestQueues(t *testing.T) {
+	prog, err := cpumap.ParseProgram("cpu:0", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string // a counter that must move
+	}{
+		{"plain", Config{}, "rx_gro_skbs"},
+		{"xdp-cpumap", Config{XDP: prog, CPUMap: []int{0}, Driver: driver.Config{LRO: false}}, "cpumap_worker_built"},
+		{"zero-copy", Config{ZeroCopy: true}, "zc_views_lent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testQueues(t, tc.cfg, tc.want) })
+	}
+	for _, bad := range []Config{
+		{Wire: &driver.MemWire{}, Queues: []driver.Wire{nil}},
+		{Wire: &driver.MemWire{}, Queues: make([]driver.Wire, driver.MaxQueues)},
+	} {
+		for i := range bad.Queues {
+			if i > 0 {
+				bad.Queues[i] = &driver.MemWire{}
+			}
+		}
+		if err := checkQueues(&bad); err == nil {
+			t.Errorf("checkQueues(%d queues): no error", 1+len(bad.Queues))
+		}
+	}
+}
+
+func testQueues(t *testing.T, rxCfg Config, want string) {
 	a0, a0p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
 	a1, a1p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
 	b, bp := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
@@ -77,8 +113,9 @@ func TestQueues(t *testing.T) {
 		}
 		br.wg.Wait()
 	})
-	rxCfg := Config{Wire: a0, Queues: []driver.Wire{a1}, MAC: [6]byte{2, 0, 0, 0, 0, 1},
-		Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}, Pool: bufpool.Config{Poison: true}}
+	rxCfg.Wire, rxCfg.Queues, rxCfg.MAC = a0, []driver.Wire{a1}, [6]byte{2, 0, 0, 0, 0, 1}
+	rxCfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	rxCfg.Pool = bufpool.Config{Poison: true}
 	rx, err := New(rxCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -111,13 +148,12 @@ func TestQueues(t *testing.T) {
 	if _, ok := c["q1_poll_cpu_ns"]; !ok {
 		t.Errorf("no q1_poll_cpu_ns: want queue 1's other counters too")
 	}
-	for _, bad := range []Config{
-		{Wire: a0, Queues: []driver.Wire{nil}},
-		{Wire: a0, Queues: []driver.Wire{a1}, ZeroCopy: true},
-	} {
-		bad.Addrs = rxCfg.Addrs
-		if err := checkQueues(&bad); err == nil {
-			t.Errorf("checkQueues(%+v): no error", bad)
+	if c[want] == 0 {
+		t.Errorf("%s: 0, want > 0", want)
+	}
+	for q := range rx.Queues() {
+		if n := rx.QueueDriver(q).Pool().InUse(); n != 0 {
+			t.Errorf("queue %d: %d pages in use after Close", q, n)
 		}
 	}
 }
@@ -142,6 +178,26 @@ func TestSplitQueueCounter(t *testing.T) {
 		}
 		if ok && queueCounterName(base, q) != tc.name {
 			t.Errorf("queueCounterName(%q, %d) = %q, want %q", base, q, queueCounterName(base, q), tc.name)
+		}
+	}
+}
+
+func TestQueuePin(t *testing.T) {
+	for _, tc := range []struct {
+		cpus    []int
+		i, n    int
+		want    []int
+		comment string
+	}{
+		{[]int{0, 1}, 0, 1, []int{0, 1}, "one queue: the whole set"},
+		{[]int{0, 1}, 0, 2, []int{0}, "queue 0 of 2"},
+		{[]int{0, 1}, 1, 2, []int{1}, "queue 1 of 2"},
+		{[]int{3}, 2, 4, []int{3}, "round robin over a short list"},
+		{[]int{0, 1}, 3, 4, []int{1}, "round robin"},
+		{nil, 1, 2, nil, "unpinned"},
+	} {
+		if got := queuePin(tc.cpus, tc.i, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: queuePin(%v, %d, %d) = %v, want %v", tc.comment, tc.cpus, tc.i, tc.n, got, tc.want)
 		}
 	}
 }

@@ -60,8 +60,9 @@ type Config struct {
 	// is Wire (driver.OpenTAPQueues): each gets a driver of its own (NIC
 	// model, ring, page pool of Pool's configuration, poll loop, GRO), all
 	// delivering to the one gVisor NIC; a flow's packets leave on the
-	// queue its hash picks. The Stack owns them. Not with XDP, a cpumap or
-	// zero copy. Driver.NICCPUs and PollCPUs pin queue i to their i-th CPU
+	// queue its hash picks. The Stack owns them. With XDP each queue's poll
+	// loop has its own cpumap producer; the AF_XDP socket (BindXSK) is
+	// queue 0's. Driver.NICCPUs and PollCPUs pin queue i to their i-th CPU
 	// (round robin) when there are several queues.
 	Queues []driver.Wire
 	// Addrs are the stack's addresses with their subnets; a route to each
@@ -302,6 +303,12 @@ func New(cfg Config) (s *Stack, err error) {
 	ep.txDrvs = []*driver.Driver{drv}
 	for _, q := range queues {
 		q.ep = ep
+		if ep.cpumap != nil {
+			q.cpuProd = ep.cpumap.NewProducer() // a bulk queue set per poll loop
+		}
+		if ep.lend != nil {
+			ep.lend.addPool(q.drv.Pool())
+		}
 		if ep.gro != nil {
 			q.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
 			q.groTimeout = cfg.GROFlushTimeout
@@ -610,6 +617,9 @@ func (s *Stack) Close() error {
 		}
 		if s.ep != nil && s.ep.cpumap != nil {
 			s.ep.cpuProd.Flush()
+			for _, q := range s.queues {
+				q.cpuProd.Flush()
+			}
 			s.ep.cpumap.Close()
 		}
 		if s.ep != nil && s.ep.tunnel != nil {

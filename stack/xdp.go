@@ -31,7 +31,13 @@ func (s *xdpStats) each(fn func(string, uint64)) {
 // packet, as cpu_map_kthread_run builds skbs from xdp_frames) or copied
 // into the bound AF_XDP socket. A frame that passes goes back to the
 // driver, which builds its packet and delivers it to GRO and gVisor.
-func (e *linkEndpoint) XDP(f bufpool.Frame) bool {
+func (e *linkEndpoint) XDP(f bufpool.Frame) bool { return e.runXDP(&e.xdpParts, e.cpuProd, true, f) }
+
+// runXDP is XDP for one queue's poll loop: parts is its scratch, prod its
+// cpumap producer (nil: no cpumap); xsk says the queue has the XSKMAP's
+// socket (queue 0's: bpf_redirect_map(&xsks, rx_queue_index) finds none on
+// the others, whose RedirectXSK frames pass).
+func (e *linkEndpoint) runXDP(parts *[][]byte, prod *cpumap.Producer, xsk bool, f bufpool.Frame) bool {
 	act, entry := e.xdp.Run(f.Data())
 	switch act {
 	case cpumap.Drop:
@@ -40,20 +46,20 @@ func (e *linkEndpoint) XDP(f bufpool.Frame) bool {
 		return true
 	case cpumap.TX:
 		e.xdpStats.tx.Add(1)
-		e.xdpTX(f)
+		e.xdpTX(parts, f)
 		return true
 	case cpumap.Redirect:
 		e.xdpStats.redirect.Add(1)
-		if e.cpuProd == nil {
+		if prod == nil {
 			// No cpumap to redirect to: the kernel drops (and traces) it.
 			e.xdpStats.drop.Add(1)
 			f.Release()
 			return true
 		}
-		e.cpuProd.EnqueueFrame(entry, f)
+		prod.EnqueueFrame(entry, f)
 		return true
 	case cpumap.RedirectXSK:
-		if e.toXSK(f) {
+		if xsk && e.toXSK(parts, f) {
 			return true
 		}
 		// No socket bound: XDP_PASS, bpf_redirect_map's fallback.
@@ -62,10 +68,10 @@ func (e *linkEndpoint) XDP(f bufpool.Frame) bool {
 	return false
 }
 
-// frameParts returns f's bytes as the parts of e.xdpParts, in order;
-// the caller hands them back with putParts.
-func (e *linkEndpoint) frameParts(f bufpool.Frame) [][]byte {
-	parts := e.xdpParts[:0]
+// frameParts returns f's bytes as the parts of *scratch, in order; the
+// caller hands them back with putParts.
+func frameParts(scratch *[][]byte, f bufpool.Frame) [][]byte {
+	parts := (*scratch)[:0]
 	if f.Pkt == nil {
 		return append(parts, f.Head.Bytes())
 	}
@@ -75,20 +81,20 @@ func (e *linkEndpoint) frameParts(f bufpool.Frame) [][]byte {
 	return parts
 }
 
-func (e *linkEndpoint) putParts(parts [][]byte) {
+func putParts(scratch *[][]byte, parts [][]byte) {
 	clear(parts)
-	e.xdpParts = parts[:0]
+	*scratch = parts[:0]
 }
 
 // xdpTX sends a frame back out of the wire as it is (XDP_TX) and releases it.
-func (e *linkEndpoint) xdpTX(f bufpool.Frame) {
+func (e *linkEndpoint) xdpTX(scratch *[][]byte, f bufpool.Frame) {
 	defer f.Release()
-	parts := e.frameParts(f)
+	parts := frameParts(scratch, f)
 	var h driver.VirtioNetHdr
 	if err := e.drv.Transmit(&h, parts); err != nil {
 		e.xdpStats.txErrors.Add(1)
 	}
-	e.putParts(parts)
+	putParts(scratch, parts)
 }
 
 // cpumapRx is one cpumap worker's receiver (cpu_map_kthread_run's side of

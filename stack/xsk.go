@@ -64,7 +64,7 @@ func (s *Stack) BindXSK(sock *xsk.Socket) error {
 // toXSK copies a frame the XDP program redirected into the bound socket,
 // or reports false when none is bound. It releases f when it takes it.
 // Called by the poll loop only.
-func (e *linkEndpoint) toXSK(f bufpool.Frame) bool {
+func (e *linkEndpoint) toXSK(scratch *[][]byte, f bufpool.Frame) bool {
 	if e.xsk.sock.Load() == nil {
 		return false // none bound: no lock
 	}
@@ -75,12 +75,12 @@ func (e *linkEndpoint) toXSK(f bufpool.Frame) bool {
 		return false
 	}
 	e.xsk.redirects.Add(1)
-	parts := e.frameParts(f)
+	parts := frameParts(scratch, f)
 	if e.xsk.inReceive != nil {
 		e.xsk.inReceive()
 	}
 	sock.ReceiveVec(parts) // drops are the socket's to count
-	e.putParts(parts)
+	putParts(scratch, parts)
 	f.Release()
 	return true
 }

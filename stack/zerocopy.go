@@ -143,12 +143,14 @@ const lendMinBytes = 1024
 // (unit tests); newLendStats sets the stack's limits. Used by the poll loop
 // and the cpumap workers at once: the counters are atomic, the rest fixed.
 type lendStats struct {
-	minLend  int           // frags shorter than this are copied
-	maxLent  int           // pages lent at once, at most (0: no bound)
-	pool     *bufpool.Pool // whose LentPages maxLent bounds
-	noLayout bool          // gVisor's chunk layout is unknown: copy all
-	ipFrags  bool          // copy IP fragments
-	l3       bool          // the packets are a TUN's, without an Ethernet header
+	minLend    int             // frags shorter than this are copied
+	maxLent    int             // pages lent at once, at most (0: no bound)
+	pool       *bufpool.Pool   // whose LentPages maxLent bounds (with more's)
+	more       []*bufpool.Pool // the further queues' pools (addPool)
+	defaultMax bool            // maxLent is the pools' rings (ZeroCopyMaxLent 0)
+	noLayout   bool            // gVisor's chunk layout is unknown: copy all
+	ipFrags    bool            // copy IP fragments
+	l3         bool            // the packets are a TUN's, without an Ethernet header
 
 	views        atomic.Uint64 // frags handed to gVisor as views
 	copied       atomic.Uint64 // frags copied: their page is not a chunk
@@ -169,16 +171,36 @@ var layoutLog sync.Once
 // not recognised, pages could never be reused: every frag is copied, and
 // that is logged once.
 func newLendStats(pool *bufpool.Pool, maxLent int) *lendStats {
-	if maxLent == 0 {
+	def := maxLent == 0
+	if def {
 		maxLent = max(pool.RingSize(), 1)
 	}
-	l := &lendStats{minLend: lendMinBytes, maxLent: maxLent, pool: pool, noLayout: !refsLayout.ok, ipFrags: true}
+	l := &lendStats{minLend: lendMinBytes, maxLent: maxLent, pool: pool, noLayout: !refsLayout.ok, ipFrags: true, defaultMax: def}
 	if l.noLayout {
 		layoutLog.Do(func() {
 			log.Printf("ustack: zero copy: gVisor's buffer chunk layout is not recognised; payload is copied (zc_frags_copied_layout)")
 		})
 	}
 	return l
+}
+
+// addPool adds a further queue's pool (Config.Queues): the bound on lent
+// pages is over every queue's pool, and a default bound grows by the
+// pool's ring. Called before the stack starts.
+func (l *lendStats) addPool(p *bufpool.Pool) {
+	l.more = append(l.more, p)
+	if l.defaultMax {
+		l.maxLent += max(p.RingSize(), 1)
+	}
+}
+
+// lentPages returns the pages lent out of every queue's pool.
+func (l *lendStats) lentPages() int {
+	n := l.pool.LentPages()
+	for _, p := range l.more {
+		n += p.LentPages()
+	}
+	return n
 }
 
 func (l *lendStats) each(fn func(string, uint64)) {
@@ -240,7 +262,7 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 			why = &l.copiedFrag
 		case small:
 			why = &l.copiedSmall
-		case l.maxLent > 0 && !pg.Lent() && l.pool.LentPages() >= l.maxLent:
+		case l.maxLent > 0 && !pg.Lent() && l.lentPages() >= l.maxLent:
 			// A page lent already costs nothing more.
 			why = &l.copiedBound
 		}

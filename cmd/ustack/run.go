@@ -105,8 +105,8 @@ func parseRun(args []string) (*runOptions, error) {
 		return nil, usageError{errors.New("-tun with -wire plain: the plain wire (water) is a TAP's; a TUN is opened with offloads")}
 	case o.queues < 1 || o.queues > driver.MaxQueues:
 		return nil, usageError{fmt.Errorf("-queues %d: want 1 to %d", o.queues, driver.MaxQueues)}
-	case o.queues > 1 && (o.pol.plain || o.pol.xdp != "" || o.pol.cfg.ZeroCopy || len(o.pol.cfg.CPUMap) > 0):
-		return nil, usageError{errors.New("-queues with -wire plain, -xdp, -cpumap or -zero-copy: not supported; one queue serves them")}
+	case o.queues > 1 && o.pol.plain:
+		return nil, usageError{errors.New("-queues with -wire plain: water opens one queue; several are ustack's own TAP code's")}
 	case o.tun != "" && (o.pol.xdp != "" || o.pol.tunnel):
 		return nil, usageError{errors.New("-tun with -xdp or -tunnel: both read an Ethernet header, which a TUN's packets do not have")}
 	}
