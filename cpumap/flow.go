@@ -56,18 +56,37 @@ func (f *flow) ports(b []byte) bool {
 //	Ethernet  dst(6) src(6) [0x8100|0x88a8 tci(2)]... type(2)
 //	IPv4      ver/ihl tos len(2) id(2) flags/off(2) ttl proto csum(2) src(4) dst(4) [opts]
 //	IPv6      ver/tc/label(4) len(2) next hop src(16) dst(16) [ext hdrs]
-func parseFlow(b []byte, f *flow) bool {
-	if len(b) < header.EthernetMinimumSize {
-		return false
-	}
-	et := uint16(header.Ethernet(b).Type())
-	off := header.EthernetMinimumSize
-	for i := 0; i < maxVLANTags && (et == hdr.EtherTypeVLAN || et == hdr.EtherTypeQinQ); i++ {
-		if len(b) < off+hdr.VLANTagLen {
+func parseFlow(b []byte, f *flow) bool { return parseFlowLink(b, f, false) }
+
+// parseFlowLink is parseFlow, or with l3 for a frame that starts at its IP
+// header (a TUN's: generic XDP on an ARPHRD_NONE device sees the network
+// header first), the IP version telling IPv4 from IPv6.
+func parseFlowLink(b []byte, f *flow, l3 bool) bool {
+	var et uint16
+	off := 0
+	if l3 {
+		if len(b) == 0 {
 			return false
 		}
-		et = hdr.VLANTag(b[off:]).EtherType()
-		off += hdr.VLANTagLen
+		switch header.IPVersion(b) {
+		case header.IPv4Version:
+			et = etherTypeIPv4
+		case header.IPv6Version:
+			et = etherTypeIPv6
+		}
+	} else {
+		if len(b) < header.EthernetMinimumSize {
+			return false
+		}
+		et = uint16(header.Ethernet(b).Type())
+		off = header.EthernetMinimumSize
+		for i := 0; i < maxVLANTags && (et == hdr.EtherTypeVLAN || et == hdr.EtherTypeQinQ); i++ {
+			if len(b) < off+hdr.VLANTagLen {
+				return false
+			}
+			et = hdr.VLANTag(b[off:]).EtherType()
+			off += hdr.VLANTagLen
+		}
 	}
 	*f = flow{l3: off, l4: -1}
 	switch et {

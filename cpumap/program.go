@@ -82,7 +82,13 @@ const (
 //	              pass (0 <= P <= 65535)
 //
 // The returned programs are safe for concurrent use by several poll loops.
-func ParseProgram(name string, ncpu int) (Program, error) {
+func ParseProgram(name string, ncpu int) (Program, error) { return ParseProgramLink(name, ncpu, false) }
+
+// ParseProgramLink is ParseProgram for frames that start at their IP
+// header when l3 is set: a TUN's, on which the kernel runs XDP as generic
+// XDP over an ARPHRD_NONE device, whose program sees the network header
+// first. Programs that read no header are the same either way.
+func ParseProgramLink(name string, ncpu int, l3 bool) (Program, error) {
 	switch {
 	case name == "pass":
 		return passProgram{}, nil
@@ -92,7 +98,9 @@ func ParseProgram(name string, ncpu int) (Program, error) {
 		if ncpu < 1 || ncpu > indirSize {
 			return nil, programError(name, ncpu, fmt.Sprintf("needs 1 to %d cpumap entries, have %d", indirSize, ncpu))
 		}
-		return newHashProgram(ncpu), nil
+		h := newHashProgram(ncpu)
+		h.l3 = l3
+		return h, nil
 	}
 	if s, ok := strings.CutPrefix(name, "cpu:"); ok {
 		n, err := strconv.ParseUint(s, 10, 31)
@@ -106,14 +114,14 @@ func ParseProgram(name string, ncpu int) (Program, error) {
 		if err != nil {
 			return nil, programError(name, ncpu, "port out of range")
 		}
-		return dropPortProgram(n), nil
+		return dropPortProgram{uint16(n), l3}, nil
 	}
 	if s, ok := strings.CutPrefix(name, "xsk:"); ok {
 		n, err := strconv.ParseUint(s, 10, 16)
 		if err != nil {
 			return nil, programError(name, ncpu, "port out of range")
 		}
-		return xskPortProgram(n), nil
+		return xskPortProgram{uint16(n), l3}, nil
 	}
 	return nil, programError(name, ncpu, "unknown program")
 }
@@ -144,40 +152,48 @@ func (c cpuProgram) String() string           { return "cpu:" + strconv.Itoa(int
 
 // dropPortProgram drops TCP and UDP frames to one destination port. A
 // fragment after the first, which carries no ports, passes.
-type dropPortProgram uint16
+type dropPortProgram struct {
+	port uint16
+	l3   bool // frames start at the IP header
+}
 
 func (d dropPortProgram) Run(b []byte) (Action, int) {
-	if toPort(b, uint16(d)) {
+	if toPort(b, d.port, d.l3) {
 		return Drop, 0
 	}
 	return Pass, 0
 }
 
-// toPort reports whether the frame b is TCP or UDP to destination port.
-func toPort(b []byte, port uint16) bool {
+// toPort reports whether the frame b (from its IP header with l3) is TCP
+// or UDP to destination port.
+func toPort(b []byte, port uint16, l3 bool) bool {
 	var f flow
-	return parseFlow(b, &f) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == port
+	return parseFlowLink(b, &f, l3) && f.ports(b) && binary.BigEndian.Uint16(b[f.l4+2:]) == port
 }
 
-func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(int(d)) }
+func (d dropPortProgram) String() string { return "drop-port:" + strconv.Itoa(int(d.port)) }
 
 // xskPortProgram sends TCP and UDP frames to one destination port to the
 // AF_XDP socket, as xdpsock's filtering programs do; the rest, fragments
 // after the first among them, pass.
-type xskPortProgram uint16
+type xskPortProgram struct {
+	port uint16
+	l3   bool // frames start at the IP header
+}
 
 func (x xskPortProgram) Run(b []byte) (Action, int) {
-	if toPort(b, uint16(x)) {
+	if toPort(b, x.port, x.l3) {
 		return RedirectXSK, 0
 	}
 	return Pass, 0
 }
 
-func (x xskPortProgram) String() string { return "xsk:" + strconv.Itoa(int(x)) }
+func (x xskPortProgram) String() string { return "xsk:" + strconv.Itoa(int(x.port)) }
 
 // hashProgram spreads flows over entries as RSS spreads them over queues.
 type hashProgram struct {
 	n     int
+	l3    bool // frames start at the IP header
 	t     *toeplitz
 	indir [indirSize]uint8
 }
@@ -194,7 +210,7 @@ func (h *hashProgram) String() string { return "hash" }
 
 func (h *hashProgram) Run(b []byte) (Action, int) {
 	var f flow
-	if !parseFlow(b, &f) {
+	if !parseFlowLink(b, &f, h.l3) {
 		return Redirect, 0
 	}
 	return Redirect, int(h.indir[h.hash(b, &f)%indirSize])

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ustack/ustack/bufpool"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 func TestActionString(t *testing.T) {
@@ -352,4 +353,34 @@ func TestProgramsNoAllocs(t *testing.T) {
 			t.Errorf("%s: got %v allocs per run, want 0", name, allocs)
 		}
 	}
+}
+
+// TestProgramsL3: each built-in program for a TUN's frames
+// (ParseProgramLink with l3: the IP header first) gives an IP packet the
+// verdict the Ethernet program gives the same packet in an Ethernet frame.
+func TestProgramsL3(t *testing.T) {
+	specs := []frameSpec{
+		{}, {udp: true, dport: 53}, {v6: true}, {v6: true, udp: true, sport: 7, dport: 80},
+		{frag: fragFirst}, {frag: fragLater}, {v6: true, frag: fragLater}, {ipOpts: true}, {icmp: true},
+	}
+	for _, name := range []string{"pass", "drop", "cpu:1", "hash", "drop-port:80", "xsk:53"} {
+		eth, l3 := mustProgram(t, name, 4), mustProgramLink(t, name, 4)
+		for i, s := range specs {
+			f := s.frame()
+			ae, ee := eth.Run(f)
+			a3, e3 := l3.Run(f[header.EthernetMinimumSize:])
+			if ae != a3 || ee != e3 {
+				t.Errorf("%s, frame %d: Ethernet %v %d, L3 %v %d", name, i, ae, ee, a3, e3)
+			}
+		}
+	}
+}
+
+func mustProgramLink(t testing.TB, name string, ncpu int) Program {
+	t.Helper()
+	prog, err := ParseProgramLink(name, ncpu, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prog
 }

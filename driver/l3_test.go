@@ -2,6 +2,7 @@ package driver
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -87,7 +88,10 @@ func TestL3Rx(t *testing.T) {
 			}
 		})
 	}
-	if err := (&Config{L3: true, XDP: true}).setDefaults(); err == nil {
-		t.Error("L3 with XDP: no error; an XDP program reads an Ethernet header")
+	if err := (&Config{L3: true, Tunnel: TunnelConfig{Local: []netip.Addr{netip.MustParseAddr("fd00::1")}}}).setDefaults(); err == nil {
+		t.Error("L3 with the tunnel: no error; its decapsulation rewrites an Ethernet header")
+	}
+	if err := (&Config{L3: true, XDP: true}).setDefaults(); err != nil {
+		t.Errorf("L3 with XDP: %v; want it allowed (generic XDP sees the IP header)", err)
 	}
 }

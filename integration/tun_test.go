@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/stack"
 )
@@ -95,8 +96,10 @@ func TestTUNIPerf3(t *testing.T) {
 // TestTUNPolicies runs the kernel -> ustack bulk check over a TUN device
 // with the receive-path policies that change how the NIC model lays out an
 // IP packet: hardware GRO (on and coalesce), the cyclic RQ, a fixed header
-// copy, MTU 9000 (the nonlinear RQ), and no page recycling. Every byte is
-// checked; each policy's counter moves.
+// copy, MTU 9000 (the nonlinear RQ), no page recycling, and XDP (generic
+// XDP's view: programs read the IP header first) redirecting to a cpumap
+// or passing what it does not drop. Every byte is checked; each policy's
+// counter moves.
 func TestTUNPolicies(t *testing.T) {
 	needRoot(t)
 	const n = 32 << 20
@@ -111,6 +114,8 @@ func TestTUNPolicies(t *testing.T) {
 		{"rq-cyclic", 1500, stack.Config{Driver: driver.Config{RQ: driver.RQCyclic, LRO: true}}, "rx_lro_packets"},
 		{"hds-256/mtu-9000", 9000, stack.Config{Driver: driver.Config{HDS: 256}}, "rx_hds_payload_bytes"},
 		{"no-recycle", 1500, stack.Config{Driver: driver.Config{LRO: true}, Pool: bufpool.Config{NoRecycle: true}}, "rx_pp_alloc_slow"},
+		{"xdp-cpumap", 1500, stack.Config{XDP: tunProgram(t, "hash", 2), CPUMap: []int{0, 1}}, "cpumap_worker_built"},
+		{"xdp-drop-port", 1500, stack.Config{XDP: tunProgram(t, "drop-port:7", 1)}, "rx_xdp_pass"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newTUNRig(t, fmt.Sprintf("usit-tunp%d", i), tc.mtu, tc.cfg)
@@ -122,4 +127,14 @@ func TestTUNPolicies(t *testing.T) {
 			r.close(t)
 		})
 	}
+}
+
+// tunProgram is a built-in XDP program for a TUN's IP packets.
+func tunProgram(t *testing.T, name string, ncpu int) cpumap.Program {
+	t.Helper()
+	p, err := cpumap.ParseProgramLink(name, ncpu, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

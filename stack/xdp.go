@@ -134,7 +134,11 @@ func (r *cpumapRx) csumNone(p *bufpool.Packet) {
 		return
 	}
 	frame := r.frame(p)
-	parsed := driver.ParseFrame(frame, &r.fi) == driver.DropNone
+	parse := driver.ParseFrame
+	if r.e.l3 {
+		parse = driver.ParseL3Frame // a TUN's packet
+	}
+	parsed := parse(frame, &r.fi) == driver.DropNone
 	if parsed && p.HdrLen == 0 {
 		p.HdrLen = r.fi.HeaderLen()
 	}
@@ -216,7 +220,7 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 			if cfg.NoCPUMapGRO {
 				return &rx
 			}
-			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout}, (*groSink)(e))
+			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: e.l3}, (*groSink)(e))
 			engines = append(engines, rx.gro)
 			return &cpumapGRORx{rx}
 		},

@@ -31,6 +31,7 @@ type policy struct {
 	xdp    string             // -xdp: parsed by finish, which knows -cpumap's entries
 	views  bool               // -zero-copy views: the discard server reads with ReadViews
 	plain  bool               // -wire plain: water's TAP, no virtio-net header, no offloads
+	l3     bool               // the device is a TUN: -xdp's program sees IP packets (set by run)
 	tunnel bool               // -tunnel ip6tnl
 	tun    stack.TunnelConfig // -tunnel-local, -tunnel-remote, -tunnel-remote4, -tunnel-addr
 }
@@ -316,7 +317,7 @@ func (p *policy) finish() (stack.Config, error) {
 			return c, errors.New("-xdp needs -lro off and -hw-gro off: mlx5 refuses an XDP program while LRO or hardware GRO is on (mlx5e_xdp_allowed)")
 		}
 		var err error
-		if c.XDP, err = cpumap.ParseProgram(p.xdp, max(1, len(c.CPUMap))); err != nil {
+		if c.XDP, err = cpumap.ParseProgramLink(p.xdp, max(1, len(c.CPUMap)), p.l3); err != nil {
 			return c, err
 		}
 	}
