@@ -247,9 +247,9 @@ type Config struct {
 	// (IFF_TUN|IFF_NO_PI). The NIC model then parses frames without an
 	// Ethernet header (ParseL3Frame: FrameInfo.L2Len 0), has no MAC
 	// address to filter on, and its completions carry no L2; header split,
-	// LRO, hardware GRO and GSO work on the IP packet; an XDP program
-	// sees the IP header first (generic XDP on an ARPHRD_NONE device). The
-	// tunnel, whose decapsulation rewrites an Ethernet header, is refused.
+	// LRO, hardware GRO, GSO and the tunnel's decapsulation work on the
+	// IP packet; an XDP program sees the IP header first (generic XDP on
+	// an ARPHRD_NONE device).
 	L3 bool
 	// Reservation is the data reservation of one hardware GRO session
 	// (default DefaultReservation).
@@ -349,9 +349,6 @@ func (c *Config) setDefaults() error {
 	}
 	if err := c.Tunnel.validate(); err != nil {
 		return err
-	}
-	if c.L3 && len(c.Tunnel.Local) > 0 {
-		return fmt.Errorf("l3 (a TUN device) with the tunnel: its decapsulation rewrites an Ethernet header, which a TUN's frames do not have")
 	}
 	if c.RQ != RQStriding && c.RQ != RQCyclic {
 		return fmt.Errorf("rq mode %d unknown", c.RQ)

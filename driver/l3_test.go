@@ -2,7 +2,6 @@ package driver
 
 import (
 	"bytes"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -87,9 +86,6 @@ func TestL3Rx(t *testing.T) {
 				t.Errorf("MAC filter drops on a TUN's wire: %d, want 0", got)
 			}
 		})
-	}
-	if err := (&Config{L3: true, Tunnel: TunnelConfig{Local: []netip.Addr{netip.MustParseAddr("fd00::1")}}}).setDefaults(); err == nil {
-		t.Error("L3 with the tunnel: no error; its decapsulation rewrites an Ethernet header")
 	}
 	if err := (&Config{L3: true, XDP: true}).setDefaults(); err != nil {
 		t.Errorf("L3 with XDP: %v; want it allowed (generic XDP sees the IP header)", err)

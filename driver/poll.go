@@ -304,7 +304,7 @@ func (d *Driver) build(cqe *CQE) *Packet {
 		pkt.Frags = append(pkt.Frags, f)
 	}
 	cqe.NFrags = 0
-	if l2 := cqe.Info.L2Len; cqe.OuterLen > 0 && len(lin) >= l2 {
+	if l2 := cqe.Info.L2Len; cqe.OuterLen > 0 && l2 > 0 && len(lin) >= l2 {
 		binary.BigEndian.PutUint16(lin[l2-2:], cqe.Info.EtherType)
 	}
 	pkt.Linear = lin
@@ -327,10 +327,11 @@ func (d *Driver) takeLinear(cqe *CQE) bufpool.Frag {
 	cqe.Frags[0] = bufpool.Frag{}
 	cqe.NFrags = 0
 	if outer := uint32(cqe.OuterLen); outer > 0 {
-		b := f.Page.Bytes()[f.Off : f.Off+f.Len]
-		l2 := cqe.Info.L2Len
-		copy(b[outer:int(outer)+l2], b[:l2])
-		binary.BigEndian.PutUint16(b[int(outer)+l2-2:], cqe.Info.EtherType)
+		if l2 := cqe.Info.L2Len; l2 > 0 { // a TUN's frame has no Ethernet header to move
+			b := f.Page.Bytes()[f.Off : f.Off+f.Len]
+			copy(b[outer:int(outer)+l2], b[:l2])
+			binary.BigEndian.PutUint16(b[int(outer)+l2-2:], cqe.Info.EtherType)
+		}
 		f.Off += outer
 		f.Len -= outer
 	}

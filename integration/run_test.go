@@ -248,7 +248,6 @@ func TestRunBadFlags(t *testing.T) {
 		{"tap-and-tun", []string{"run", "-tap", "x", "-tun", "y", "-addr", "10.0.0.2/24"}},
 		{"no-device", []string{"run", "-addr", "10.0.0.2/24"}},
 		{"tun-plain", []string{"run", "-tun", "y", "-wire", "plain", "-addr", "10.0.0.2/24"}},
-		{"tun-tunnel", []string{"run", "-tun", "y", "-tunnel", "ip6tnl", "-addr", "10.0.0.2/24"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

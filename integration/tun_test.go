@@ -10,6 +10,7 @@ import (
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack"
 )
 
@@ -137,4 +138,29 @@ func tunProgram(t *testing.T, name string, ncpu int) cpumap.Program {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestTUNTunnel runs the kernel -> ustack bulk check through an IPv6
+// tunnel over a TUN device (IPv4-in-IPv6 with LRO off, IPv6-in-IPv6 with
+// LRO on): ustack's driver strips the outer IPv6 header of IP packets that
+// have no Ethernet header, GRO merges the inner ones, and ustack's
+// acknowledgements go back through the tunnel.
+func TestTUNTunnel(t *testing.T) {
+	needRoot(t)
+	const n = 32 << 20
+	for i, tc := range []struct{ v6, lro bool }{{false, false}, {true, true}} {
+		t.Run(fmt.Sprintf("%s-in-ipv6/lro-%v", family(tc.v6), tc.lro), func(t *testing.T) {
+			bed := newBedConfig(t, testbed.TAPConfig{Prefix: fmt.Sprintf("usit-tuntnl%d", i), TUN: true})
+			r := newTunnelRigOn(t, bed, 1500, driver.Config{LRO: tc.lro})
+			kernelToStack(t, r, tc.v6, 9, n, uint64(650+i))
+			c := counters(r.st)
+			if got, want := c["rx_tunnel_decap"], uint64(n/1500); got < want {
+				t.Errorf("rx_tunnel_decap: got %d, want at least %d", got, want)
+			}
+			if c["tunnel_tx_packets"] == 0 || c["tunnel_tx_errors"] != 0 || c["rx_gro_skbs"] == 0 {
+				t.Errorf("tunnel_tx_packets %d, tunnel_tx_errors %d, rx_gro_skbs %d: want ACKs through the tunnel, no errors, GRO merging", c["tunnel_tx_packets"], c["tunnel_tx_errors"], c["rx_gro_skbs"])
+			}
+			checkFlowDrops(t, r.st)
+		})
+	}
 }

@@ -20,7 +20,12 @@ import (
 // tunnel with the bed.
 func newTunnelRig(t *testing.T, prefix string, mtu int, dc driver.Config) *rig {
 	t.Helper()
-	bed := newBed(t, prefix, mtu)
+	return newTunnelRigOn(t, newBed(t, prefix, mtu), mtu, dc)
+}
+
+// newTunnelRigOn is newTunnelRig on a bed of the caller's (a TUN's).
+func newTunnelRigOn(t *testing.T, bed *testbed.TAPBed, mtu int, dc driver.Config) *rig {
+	t.Helper()
 	tun, err := bed.PlanIP6Tunnel(testbed.IP6TunnelConfig{})
 	if err != nil {
 		t.Fatal(err)

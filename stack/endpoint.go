@@ -273,7 +273,7 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
 // tunnel's NIC if it is for one of its addresses, else to the wire's
 // (Deliver's stage 10).
 func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
-	if e.tunnel != nil && e.tunnel.deliver(&buf) {
+	if e.tunnel != nil && e.tunnel.deliver(&buf, e.l2Len()) {
 		return
 	}
 	e.mu.RLock()

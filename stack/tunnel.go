@@ -201,16 +201,17 @@ func protocolAddress(p netip.Prefix) tcpip.ProtocolAddress {
 	return tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: tcpip.AddressWithPrefix{Address: a, PrefixLen: p.Bits()}}
 }
 
-// deliver hands buf, a decapsulated frame (Ethernet header first), to the
-// tunnel NIC if it is for one of the inner addresses, and reports whether
-// it did; buf is then owned by the call. Called from the poll loop (or a
-// cpumap worker); it does not allocate.
-func (t *tunnelEndpoint) deliver(buf *buffer.Buffer) bool {
-	const l2 = header.EthernetMinimumSize
-	var hdr [l2 + header.IPv6MinimumSize]byte
-	n, _ := buf.ReadAt(hdr[:], 0)
+// deliver hands buf, a decapsulated frame (its link header of l2 bytes
+// first: an Ethernet header, or none on a TUN), to the tunnel NIC if it is
+// for one of the inner addresses, and reports whether it did; buf is then
+// owned by the call. Called from the poll loop (or a cpumap worker); it
+// does not allocate.
+func (t *tunnelEndpoint) deliver(buf *buffer.Buffer, l2 int) bool {
+	var b [header.EthernetMinimumSize + header.IPv6MinimumSize]byte
+	hdr := b[:l2+header.IPv6MinimumSize]
+	n, _ := buf.ReadAt(hdr, 0)
 	var proto tcpip.NetworkProtocolNumber
-	et := header.Ethernet(hdr[:]).Type()
+	et := netProto(hdr[:n], l2)
 	switch {
 	case n >= l2+header.IPv4MinimumSize && et == header.IPv4ProtocolNumber:
 		dst := [4]byte(header.IPv4(hdr[l2:]).DestinationAddressSlice())

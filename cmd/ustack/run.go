@@ -107,8 +107,6 @@ func parseRun(args []string) (*runOptions, error) {
 		return nil, usageError{fmt.Errorf("-queues %d: want 1 to %d", o.queues, driver.MaxQueues)}
 	case o.queues > 1 && o.pol.plain:
 		return nil, usageError{errors.New("-queues with -wire plain: water opens one queue; several are ustack's own TAP code's")}
-	case o.tun != "" && o.pol.tunnel:
-		return nil, usageError{errors.New("-tun with -tunnel: its decapsulation rewrites an Ethernet header, which a TUN's packets do not have")}
 	}
 	if len(o.addrs) == 0 {
 		return nil, usageError{errors.New("-addr is required")}
