@@ -62,6 +62,44 @@ func FuzzParseFrame(f *testing.F) {
 		default:
 			t.Errorf("VerifyChecksums: got %v, want none, bad IP or L4 checksum", d)
 		}
+		// The IP packet after the Ethernet header, as a TUN hands it up,
+		// parses to the same layout at offset 0 (ParseL3Frame).
+		if fi.VLAN || fi.L3 == L3ARP {
+			return
+		}
+		var li FrameInfo
+		if d := ParseL3Frame(frame[fi.L2Len:], &li); d != DropNone || li.L2Len != 0 || li.L3 != fi.L3 || li.L4 != fi.L4 ||
+			li.L3Len != fi.L3Len || li.L4Len != fi.L4Len || li.IPLen != fi.IPLen || li.EtherType != fi.EtherType {
+			t.Errorf("ParseL3Frame of the IP packet: %v, %+v; want the Ethernet frame's layout %+v at offset 0", d, li, fi)
+		}
+	})
+}
+
+// FuzzParseL3Frame: ParseL3Frame never panics, names a drop reason or
+// returns offsets within the packet, with no link header.
+func FuzzParseL3Frame(f *testing.F) {
+	for _, s := range pkFuzzSeeds() {
+		if len(s) > header.EthernetMinimumSize {
+			f.Add(s[header.EthernetMinimumSize:])
+		}
+	}
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		var fi FrameInfo
+		d := ParseL3Frame(pkt, &fi)
+		if d > DropBadUDPLen {
+			t.Fatalf("ParseL3Frame: got %v, want a reason from %v to %v", d, DropNone, DropBadUDPLen)
+		}
+		if d != DropNone {
+			return
+		}
+		if hl := fi.HeaderLen(); fi.L2Len != 0 || hl > fi.IPLen || fi.IPLen > len(pkt) {
+			t.Fatalf("offsets: L2Len %d, HeaderLen %d, IPLen %d, packet %d bytes", fi.L2Len, hl, fi.IPLen, len(pkt))
+		}
+		switch d := VerifyChecksums(pkt, &fi, true); d {
+		case DropNone, DropBadIPCsum, DropBadL4Csum:
+		default:
+			t.Errorf("VerifyChecksums: got %v, want none, bad IP or L4 checksum", d)
+		}
 	})
 }
 
