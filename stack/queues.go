@@ -135,8 +135,17 @@ func txQueue(pkt *gstack.PacketBuffer, n int) int {
 			h = (h ^ uint32(c)) * 16777619
 		}
 	}
+	// FNV-1a's low bits follow the inputs' (bit 0 is the XOR of the
+	// bytes' bit 0), and Linux gives connect() ports of one parity
+	// (__inet_hash_connect): finish with murmur3's fmix32 and take the
+	// high bits, as the kernel's reciprocal_scale does, so that flows that
+	// differ only there still spread.
 	h ^= h >> 16
-	return int(h % uint32(n))
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return int(uint64(h) * uint64(n) >> 32)
 }
 
 // queueCounterName is a driver counter's name for queue q, as ethtool -S

@@ -6,6 +6,10 @@ import (
 	"sync"
 	"testing"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
@@ -200,4 +204,35 @@ func TestQueuePin(t *testing.T) {
 			t.Errorf("%s: queuePin(%v, %d, %d) = %v, want %v", tc.comment, tc.cpus, tc.i, tc.n, got, tc.want)
 		}
 	}
+}
+
+// TestTxQueueSpreads: flows that differ only in a source port of one
+// parity (Linux's connect() ports) still spread over two and four queues.
+func TestTxQueueSpreads(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		counts := make([]int, n)
+		for port := 40000; port < 40000+2*64; port += 2 {
+			pkt := tcpPacketTo(t, uint16(port))
+			counts[txQueue(pkt, n)]++
+			pkt.DecRef()
+		}
+		for q, c := range counts {
+			if c < 64/n/2 {
+				t.Errorf("%d queues: queue %d got %d of 64 flows: %v", n, q, c, counts)
+			}
+		}
+	}
+}
+
+// tcpPacketTo returns an outgoing TCP packet's buffer with its network and
+// transport headers set, from 192.0.2.1:9 to 192.0.2.2:port.
+func tcpPacketTo(t *testing.T, port uint16) *gstack.PacketBuffer {
+	t.Helper()
+	pkt := gstack.NewPacketBuffer(gstack.PacketBufferOptions{ReserveHeaderBytes: header.IPv4MinimumSize + header.TCPMinimumSize})
+	tcp := header.TCP(pkt.TransportHeader().Push(header.TCPMinimumSize))
+	tcp.Encode(&header.TCPFields{SrcPort: 9, DstPort: port, DataOffset: header.TCPMinimumSize})
+	ip := header.IPv4(pkt.NetworkHeader().Push(header.IPv4MinimumSize))
+	ip.Encode(&header.IPv4Fields{TotalLength: header.IPv4MinimumSize + header.TCPMinimumSize, Protocol: uint8(header.TCPProtocolNumber),
+		SrcAddr: tcpip.AddrFrom4([4]byte{192, 0, 2, 1}), DstAddr: tcpip.AddrFrom4([4]byte{192, 0, 2, 2})})
+	return pkt
 }

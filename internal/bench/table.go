@@ -171,10 +171,11 @@ func Median(xs []float64) (med, lo, hi float64) {
 }
 
 // PrintQueueShares prints, for each row on several queues, how the last
-// run's packets split over the queues (rxN_packets over rx_packets) and
-// each queue's NIC model and poll loop CPU (qN_nic_cpu_ns, qN_poll_cpu_ns):
-// whether the kernel spread the flows, and where the CPU went. Nothing
-// when no row has several queues.
+// run's packets split over the queues (rxN_packets over rx_packets):
+// whether the kernel spread the flows. (The per-queue CPU counters are
+// left out: an unpinned loop's thread CPU clock is read on whichever
+// thread it runs, which several loops make meaningless.) Nothing when no
+// row has several queues.
 func PrintQueueShares(w io.Writer, rows []Row, results [][]Sample) {
 	for i, r := range rows {
 		if r.Queues < 2 || len(results[i]) == 0 {
@@ -188,8 +189,7 @@ func PrintQueueShares(w io.Writer, rows []Row, results [][]Sample) {
 			if t := c["rx_packets"]; t > 0 {
 				share = 100 * float64(c["rx"+n+"_packets"]) / float64(t)
 			}
-			parts = append(parts, fmt.Sprintf("queue %d %.0f%% (NIC %.2fs, poll %.2fs)", q, share,
-				float64(c["q"+n+"_nic_cpu_ns"])/1e9, float64(c["q"+n+"_poll_cpu_ns"])/1e9))
+			parts = append(parts, fmt.Sprintf("queue %d %.0f%%", q, share))
 		}
 		fmt.Fprintf(w, "%s: %s\n", r.Name, strings.Join(parts, ", "))
 	}
