@@ -411,10 +411,19 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side Side, r *matrixRun, sk *
 		rc.close()
 		return receiver{}, err
 	}
+	// The pools' peak, for the memory a policy costs (page-order's, say).
+	var peak int64
+	stopSampling := sync.OnceFunc(samplePool(st, &peak))
+	closeRx := rc.close
+	rc.close = func() { stopSampling(); closeRx() }
 	rc.counters = func(r *matrixRun) {
 		st.EachCounter(func(name string, v uint64) { addCounter(r, name, v) })
 		if trains != nil {
 			addCounter(r, "udp_train_drops", trains.Drops())
+		}
+		if st.Driver() != nil {
+			stopSampling() // the run is over; peak is ours to read
+			addCounter(r, "bench_pool_peak_bytes", uint64(peak))
 		}
 	}
 	return rc, nil

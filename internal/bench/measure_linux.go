@@ -108,8 +108,7 @@ func measure(bed *testbed.TAPBed, exe string, row Row, dur time.Duration, cc str
 // samplePool records in peak the most bytes st's page pool holds, sampled
 // every 10 ms until the returned function is called.
 func samplePool(st *target, peak *int64) (stop func()) {
-	d := st.Driver()
-	if d == nil {
+	if st.Driver() == nil {
 		return func() {}
 	}
 	done := make(chan struct{})
@@ -119,7 +118,11 @@ func samplePool(st *target, peak *int64) (stop func()) {
 		t := time.NewTicker(10 * time.Millisecond)
 		defer t.Stop()
 		for {
-			*peak = max(*peak, d.Pool().Stats().BytesHeld)
+			var held int64 // over every queue's pool
+			for q := range st.Queues() {
+				held += st.QueueDriver(q).Pool().Stats().BytesHeld
+			}
+			*peak = max(*peak, held)
 			select {
 			case <-t.C:
 			case <-done:
