@@ -37,14 +37,6 @@ func (f Frame) Data() []byte {
 	return f.Head.Bytes()
 }
 
-// Len returns the frame's length in bytes.
-func (f Frame) Len() int {
-	if f.Pkt != nil {
-		return f.Pkt.TotalLen()
-	}
-	return int(f.Head.Len)
-}
-
 // Release drops the frame's reference: Pkt's, or Head's page reference.
 func (f Frame) Release() {
 	if f.Pkt != nil {

@@ -294,7 +294,7 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 		}
 		proto = netProto(v, 0)
 	} else {
-		hdr, ok := pb.LinkHeader().Consume(e.l2Len())
+		hdr, ok := pb.LinkHeader().Consume(ethLen)
 		if !ok {
 			return
 		}

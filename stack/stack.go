@@ -233,7 +233,8 @@ func New(cfg Config) (s *Stack, err error) {
 	// The further queues: a driver each, on a pool of its own, pinned to
 	// its CPUs. A failure closes what was made (and New's defer the wires).
 	var queues []*rxQueue
-	closeQueues := func() {
+	closeDrivers := func() { // on a failure from here on
+		drv.Close()
 		for _, q := range queues {
 			q.drv.Close()
 		}
@@ -248,8 +249,7 @@ func New(cfg Config) (s *Stack, err error) {
 				continue
 			}
 		}
-		drv.Close()
-		closeQueues()
+		closeDrivers()
 		return nil, fmt.Errorf("stack: queue %d: %w", i+1, err)
 	}
 	dc = drv.Config()
@@ -264,8 +264,7 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	ep.epoch = time.Now()
 	if cfg.DelayedACK < 0 {
-		drv.Close()
-		closeQueues()
+		closeDrivers()
 		return nil, fmt.Errorf("stack: delayed ack %v < 0", cfg.DelayedACK)
 	}
 	if cfg.DelayedACK > 0 {
@@ -273,8 +272,7 @@ func New(cfg Config) (s *Stack, err error) {
 	}
 	if !cfg.NoGRO {
 		if cfg.GROFlushTimeout < 0 {
-			drv.Close()
-			closeQueues()
+			closeDrivers()
 			return nil, fmt.Errorf("stack: gro flush timeout %v < 0", cfg.GROFlushTimeout)
 		}
 		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
@@ -286,15 +284,13 @@ func New(cfg Config) (s *Stack, err error) {
 	ep.xdp = cfg.XDP
 	if len(cfg.CPUMap) > 0 {
 		if err := ep.startCPUMap(&cfg); err != nil {
-			drv.Close()
-			closeQueues()
+			closeDrivers()
 			return nil, err
 		}
 	}
 	ip, err := newGVisor(ep, ep.tunnel, &cfg)
 	if err != nil {
-		drv.Close()
-		closeQueues()
+		closeDrivers()
 		if ep.cpumap != nil {
 			ep.cpumap.Close()
 		}
