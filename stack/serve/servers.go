@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ustack/ustack/internal/rrtrace"
 	"github.com/ustack/ustack/stack"
 )
 
@@ -430,6 +431,7 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 			}
 			m, err := r.read(buf[:])
 			if m > 0 {
+				rrtrace.Mark(rrtrace.AppRead)
 				full <- echoChunk{buf, m}
 			} else {
 				e.release(ec, buf, false)
@@ -446,6 +448,7 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 			if wt > 0 {
 				c.SetWriteDeadline(time.Now().Add(wt))
 			}
+			rrtrace.Mark(rrtrace.AppWrite)
 			if _, err := c.Write(ch.buf[:ch.n]); err != nil {
 				failed = true
 				if isTimeoutErr(err) {
