@@ -138,7 +138,7 @@ var policies = []policySwitch{
 		usage: "bytes committed at which memory pressure begins: auto-tuning stops at a fair share of -tcp-mem-limit and larger buffers are shrunk to it; it ends below half of this (0: 3/4 of -tcp-mem-limit)",
 		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemPressure, nonNeg: true} }},
 	{name: "zero-copy", values: "off|on|views", def: "off", kernel: "TCP_ZEROCOPY_RECEIVE (tcp_mmap)",
-		usage: "payload to gVisor without a copy (packets under 1 KB of payload, IP fragments and, past Config.ZeroCopyMaxLent lent pages, new pages are copied, so that a peer cannot make gVisor pin pages without bound); views: the discard server also reads with TCPConn.ReadViews, in place",
+		usage: "payload to gVisor without a copy (packets under 1 KB of payload, IP fragments and, past Config.ZeroCopyMaxLent lent pages, new pages are copied, so that a peer cannot make gVisor pin pages without bound); views: the discard server also reads with TCPConn.ReadViews, in place, and the bench's UDP reader takes trains with TrainConn.TakeTrain, in place",
 		bind:  func(p *policy) any { return &zeroCopy{on: &p.cfg.ZeroCopy, views: &p.views} }},
 	{name: "tunnel", values: "off|ip6tnl", def: "off", kernel: "ip -6 tunnel add mode any (ip6tnl)",
 		usage: "terminate an IPv6 tunnel (IPv4-in-IPv6 and IPv6-in-IPv6); the driver decapsulates before GRO",

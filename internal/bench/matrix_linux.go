@@ -404,7 +404,11 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side Side, r *matrixRun, sk *
 		if trains, err = st.ListenUDPTrains(rc.dst); err == nil {
 			trains.SetReadBuffer(benchUDPReadBuffer)
 			sk.add(trains)
-			sk.read(cpu, func(b []byte) (int, error) { n, _, _, err := trains.ReadTrain(b, time.Time{}); return n, err })
+			read := func(b []byte) (int, error) { n, _, _, err := trains.ReadTrain(b, time.Time{}); return n, err }
+			if readViews(row.Policy) {
+				read = trainTaker(trains)
+			}
+			sk.read(cpu, read)
 		}
 	}
 	if err != nil {
@@ -639,6 +643,26 @@ func viewReader(tc *stack.TCPConn) func([]byte) (int, error) {
 			vs[i].Release()
 		}
 		return m, err
+	}
+}
+
+// trainTaker returns a read function for sink.read that takes c's trains
+// in place with TakeTrain and touches the first byte of each of their
+// slices before releasing them, as viewReader does for TCP.
+func trainTaker(c *stack.TrainConn) func([]byte) (int, error) {
+	var t stack.Train
+	slices := make([][]byte, 0, 64)
+	return func(b []byte) (int, error) {
+		if err := c.TakeTrain(&t, time.Time{}); err != nil {
+			return 0, err
+		}
+		slices = t.Slices(slices[:0])
+		for _, s := range slices {
+			b[0] ^= s[0]
+		}
+		n := t.Len()
+		t.Release()
+		return n, nil
 	}
 }
 

@@ -15,8 +15,9 @@ type Policy interface {
 	// StackConfig returns the stack's configuration; the bench sets its
 	// Wire and Addrs.
 	StackConfig() (stack.Config, error)
-	// ReadViews reports whether the TCP reader takes the payload in place
-	// with stack.TCPConn.ReadViews (-zero-copy views) rather than with Read.
+	// ReadViews reports whether the readers take the payload in place
+	// (-zero-copy views): TCP with stack.TCPConn.ReadViews rather than
+	// Read, UDP trains with TrainConn.TakeTrain rather than ReadTrain.
 	ReadViews() bool
 	// PlainWire reports whether the stack's wire is water's plain TAP (no
 	// virtio-net header, no offloads: -wire plain) rather than ustack's
