@@ -42,7 +42,3 @@ func ThreadCPUTime() int64 {
 	}
 	return ts.Nano()
 }
-
-// threadID returns the calling thread's ID (gettid(2)), for telling
-// whether two ThreadCPUTime readings came from the same thread's clock.
-func threadID() int { return unix.Gettid() }

@@ -19,6 +19,3 @@ func CurrentCPU() int { return -1 }
 
 // ThreadCPUTime returns 0: not known outside Linux.
 func ThreadCPUTime() int64 { return 0 }
-
-// threadID returns 0: ThreadCPUTime reads no clock here.
-func threadID() int { return 0 }

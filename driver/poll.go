@@ -98,38 +98,24 @@ func (d *Driver) pollLoop() {
 
 // runClock sums a goroutine's CPU time over its runs between parks, each
 // read on the thread it ran on: exact on a locked thread, close on an
-// unlocked one. A run the runtime moved to another thread mid-way ended on
-// another thread's clock, whose reading says nothing of this goroutine:
-// its part before the move counts for nothing and the run restarts on the
-// new thread (the sum falls short of it, never takes in another thread's
-// time).
+// unlocked one (a run the runtime moves to another thread mid-way is
+// measured on two clocks).
 type runClock struct {
 	sum   int64 // the runs before this one
 	start int64 // this run's start, on its thread's clock
-	tid   int   // the thread it started on
 }
 
 // begin starts a run (after a park).
-func (c *runClock) begin() { c.tid, c.start = threadID(), ThreadCPUTime() }
-
-// run returns the current run's time so far on its thread.
-func (c *runClock) run() int64 {
-	now := ThreadCPUTime()
-	if tid := threadID(); tid != c.tid {
-		c.tid, c.start = tid, now
-		return 0
-	}
-	return max(0, now-c.start)
-}
+func (c *runClock) begin() { c.start = ThreadCPUTime() }
 
 // pause ends a run (before a park) and returns the sum.
 func (c *runClock) pause() int64 {
-	c.sum += c.run()
+	c.sum += max(0, ThreadCPUTime()-c.start)
 	return c.sum
 }
 
 // used returns the sum so far, this run included.
-func (c *runClock) used() int64 { return c.sum + c.run() }
+func (c *runClock) used() int64 { return c.sum + max(0, ThreadCPUTime()-c.start) }
 
 // busyPoll spins on the completion queue, the ring at cons drained, for
 // up to Config.BusyPoll (and no longer than again, the handler's flush
