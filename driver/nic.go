@@ -2,7 +2,6 @@ package driver
 
 import (
 	"errors"
-	"runtime"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -17,7 +16,6 @@ import (
 type nicState struct {
 	d        *Driver
 	clk      runClock // the NIC loop's CPU time
-	pinned   bool     // Config.NICCPUs: the loop keeps its locked thread
 	rbuf     []byte
 	seg      Segmenter
 	maxFrame int // largest frame the RX queue takes (a whole super-frame with LRO)
@@ -143,12 +141,10 @@ func (n *nicState) init(d *Driver) {
 }
 
 // nicLoop is the NIC model. Pinned (Config.NICCPUs), it runs locked to
-// its own thread; unpinned, it lets go of its thread whenever it waits
-// (for the wire, in Go's network poller where the wire can: NetpollWaiter;
-// for ring space), so that the poll loop it woke runs on the thread it
-// leaves, and holds on to a thread while it runs, so that its CPU time
-// (nic_cpu_ns), summed per run between waits, is read on one thread's
-// clock.
+// its own thread; unpinned, it is an ordinary goroutine whose blocking
+// reads wait in Go's network poller where the wire can (NetpollWaiter), so
+// that the poll loop it wakes runs on the thread it woke on. Its CPU time
+// (nic_cpu_ns) is summed per run between parks, as the poll loop's.
 func (d *Driver) nicLoop() {
 	defer close(d.nicDone)
 	cpu := CurrentCPU()
@@ -162,11 +158,6 @@ func (d *Driver) nicLoop() {
 	}
 	d.nicCPU.Store(int32(cpu))
 	n := &d.nic
-	n.pinned = len(d.cfg.NICCPUs) > 0
-	if !n.pinned {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-	}
 	n.clk.begin()
 	defer func() {
 		n.publish()
@@ -177,7 +168,7 @@ func (d *Driver) nicLoop() {
 		var m, inRing int
 		var err error
 		if block {
-			n.wait()
+			d.stats.NICCPUNanos.Store(n.clk.pause())
 		}
 		if n.vr != nil {
 			m, inRing, err = n.readDirect(block)
@@ -185,7 +176,7 @@ func (d *Driver) nicLoop() {
 			m, err = d.wire.Read(n.rbuf, block)
 		}
 		if block {
-			n.run()
+			n.clk.begin()
 		}
 		if errors.Is(err, ErrNoFrame) {
 			// The wire is empty: publish what we have and sleep on it.
@@ -681,35 +672,18 @@ func (n *nicState) waitRoom(cost int) bool {
 		n.publish()
 		d.nicWaiting.Store(true)
 		if n.cqFull() || n.rqFull(cost) {
-			n.wait()
+			d.stats.NICCPUNanos.Store(n.clk.pause())
 			select {
 			case <-d.space:
 			case <-d.closing:
-				n.run()
+				n.clk.begin()
 				d.nicWaiting.Store(false)
 				return false
 			}
-			n.run()
+			n.clk.begin()
 		}
 		d.nicWaiting.Store(false)
 	}
-}
-
-// wait ends a run of the NIC loop before it waits: its CPU time is
-// stored, and unpinned it lets go of its thread.
-func (n *nicState) wait() {
-	n.d.stats.NICCPUNanos.Store(n.clk.pause())
-	if !n.pinned {
-		runtime.UnlockOSThread()
-	}
-}
-
-// run starts a run after a wait, on the thread it holds until the next.
-func (n *nicState) run() {
-	if !n.pinned {
-		runtime.LockOSThread()
-	}
-	n.clk.begin()
 }
 
 func (n *nicState) cqFull() bool { return n.prod-n.d.cons.Load() == uint32(len(n.d.cq)) }
