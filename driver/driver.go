@@ -97,7 +97,6 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
-	"github.com/ustack/ustack/internal/rrtrace"
 )
 
 // Driver is one RX queue and one TX queue of the NIC model over a Wire.
@@ -203,13 +202,6 @@ func (d *Driver) Start(h Handler) {
 		if x, ok := h.(XDPHandler); ok && d.cfg.XDP {
 			d.xdp = x
 		}
-		if len(d.cfg.NICCPUs) == 0 {
-			if w, ok := d.wire.(NetpollWaiter); ok {
-				// On failure (a descriptor the poller refuses) the
-				// NIC's reads block in their thread, as pinned.
-				_ = w.WaitInNetpoller()
-			}
-		}
 		go d.nicLoop()
 		go d.pollLoop()
 	})
@@ -306,18 +298,9 @@ func (d *Driver) Transmit(h *VirtioNetHdr, parts [][]byte) error {
 		}
 		n += copy(d.txBuf[n:], p)
 	}
-	// rrtrace follows replies: a bare ACK (at most 86 bytes, IPv6 with
-	// timestamps) is not one.
-	reply := n-VirtioNetHdrLen > 100
-	if reply {
-		rrtrace.Mark(rrtrace.TxStart)
-	}
 	if err := d.wire.Write(d.txBuf[:n]); err != nil {
 		d.stats.TxErrors.Add(1)
 		return err
-	}
-	if reply {
-		rrtrace.Mark(rrtrace.TxEnd)
 	}
 	d.stats.TxPackets.Add(1)
 	d.stats.TxBytes.Add(uint64(n - VirtioNetHdrLen))

@@ -8,14 +8,12 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/internal/hdr"
-	"github.com/ustack/ustack/internal/rrtrace"
 )
 
 // nicState is the NIC model's private state: the wire read buffer, the WQE
 // it is filling, and the CQEs written but not yet published.
 type nicState struct {
 	d        *Driver
-	clk      runClock // the NIC loop's CPU time
 	rbuf     []byte
 	seg      Segmenter
 	maxFrame int // largest frame the RX queue takes (a whole super-frame with LRO)
@@ -140,47 +138,33 @@ func (n *nicState) init(d *Driver) {
 	}
 }
 
-// nicLoop is the NIC model. Pinned (Config.NICCPUs), it runs locked to
-// its own thread; unpinned, it is an ordinary goroutine whose blocking
-// reads wait in Go's network poller where the wire can (NetpollWaiter), so
-// that the poll loop it wakes runs on the thread it woke on. Its CPU time
-// (nic_cpu_ns) is summed per run between parks, as the poll loop's.
 func (d *Driver) nicLoop() {
 	defer close(d.nicDone)
-	cpu := CurrentCPU()
-	if len(d.cfg.NICCPUs) > 0 {
-		c, err := PinThread(d.cfg.NICCPUs)
-		if err != nil {
-			d.nicErr = err
-			return
-		}
-		cpu = c
+	cpu, err := PinThread(d.cfg.NICCPUs)
+	if err != nil {
+		d.nicErr = err
+		return
 	}
 	d.nicCPU.Store(int32(cpu))
 	n := &d.nic
-	n.clk.begin()
+	start := ThreadCPUTime()
 	defer func() {
 		n.publish()
-		d.stats.NICCPUNanos.Store(n.clk.used())
+		d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 	}()
 	block := false
 	for {
 		var m, inRing int
 		var err error
-		if block {
-			d.stats.NICCPUNanos.Store(n.clk.pause())
-		}
 		if n.vr != nil {
 			m, inRing, err = n.readDirect(block)
 		} else {
 			m, err = d.wire.Read(n.rbuf, block)
 		}
-		if block {
-			n.clk.begin()
-		}
 		if errors.Is(err, ErrNoFrame) {
 			// The wire is empty: publish what we have and sleep on it.
 			n.publish()
+			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 			block = true
 			continue
 		}
@@ -189,16 +173,14 @@ func (d *Driver) nicLoop() {
 			return
 		}
 		block = false
-		rrtrace.Mark(rrtrace.FrameRead)
 		if inRing > 0 && !n.directOK(n.rbuf[:m], inRing) {
 			n.gather(inRing)
 			inRing = 0
 		}
 		n.receive(n.rbuf[:m], inRing)
-		rrtrace.Mark(rrtrace.Received)
 		if n.due() {
 			n.publish()
-			d.stats.NICCPUNanos.Store(n.clk.used())
+			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 		}
 	}
 }
@@ -629,7 +611,6 @@ func (n *nicState) publish() {
 	}
 	d := n.d
 	d.prod.Store(n.prod)
-	rrtrace.Mark(rrtrace.Published)
 	n.pending, n.pendBytes = 0, 0
 	if d.pollSleeping.Load() {
 		select {
@@ -672,15 +653,12 @@ func (n *nicState) waitRoom(cost int) bool {
 		n.publish()
 		d.nicWaiting.Store(true)
 		if n.cqFull() || n.rqFull(cost) {
-			d.stats.NICCPUNanos.Store(n.clk.pause())
 			select {
 			case <-d.space:
 			case <-d.closing:
-				n.clk.begin()
 				d.nicWaiting.Store(false)
 				return false
 			}
-			n.clk.begin()
 		}
 		d.nicWaiting.Store(false)
 	}

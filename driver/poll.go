@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
-	"github.com/ustack/ustack/internal/rrtrace"
 )
 
 // pollLoop is the driver's NAPI context. Pinned (Config.PollCPUs), it is
@@ -27,8 +26,9 @@ func (d *Driver) pollLoop() {
 		} // else: pinning is a request, not a requirement: run unpinned
 	}
 	d.pollCPU.Store(int32(cpu))
-	var clk runClock
-	clk.begin()
+	var cpuNanos int64     // summed over the runs between parks
+	run := ThreadCPUTime() // this run's start on its thread
+	usedCPU := func() int64 { return cpuNanos + max(0, ThreadCPUTime()-run) }
 	cons := d.cons.Load()
 	polls := 0
 	// The handler's flush timer: armed when a Flush asks to be called
@@ -62,7 +62,8 @@ func (d *Driver) pollLoop() {
 					}
 				}
 			}
-			d.stats.PollCPUNanos.Store(clk.pause())
+			cpuNanos = usedCPU()
+			d.stats.PollCPUNanos.Store(cpuNanos)
 			var tc <-chan time.Time
 			if again > 0 {
 				timer.Reset(again)
@@ -83,39 +84,16 @@ func (d *Driver) pollLoop() {
 				}
 			}
 			d.pollSleeping.Store(false)
-			rrtrace.Mark(rrtrace.PollWoke)
 			timer.Stop()
-			clk.begin()
+			run = ThreadCPUTime()
 			continue
 		}
 		cons, more, again = d.poll(cons, prod)
-		rrtrace.Mark(rrtrace.PollDone)
 		if polls++; polls%16 == 0 {
-			d.stats.PollCPUNanos.Store(clk.used())
+			d.stats.PollCPUNanos.Store(usedCPU())
 		}
 	}
 }
-
-// runClock sums a goroutine's CPU time over its runs between parks, each
-// read on the thread it ran on: exact on a locked thread, close on an
-// unlocked one (a run the runtime moves to another thread mid-way is
-// measured on two clocks).
-type runClock struct {
-	sum   int64 // the runs before this one
-	start int64 // this run's start, on its thread's clock
-}
-
-// begin starts a run (after a park).
-func (c *runClock) begin() { c.start = ThreadCPUTime() }
-
-// pause ends a run (before a park) and returns the sum.
-func (c *runClock) pause() int64 {
-	c.sum += max(0, ThreadCPUTime()-c.start)
-	return c.sum
-}
-
-// used returns the sum so far, this run included.
-func (c *runClock) used() int64 { return c.sum + max(0, ThreadCPUTime()-c.start) }
 
 // busyPoll spins on the completion queue, the ring at cons drained, for
 // up to Config.BusyPoll (and no longer than again, the handler's flush

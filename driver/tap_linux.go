@@ -27,7 +27,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -103,20 +102,10 @@ type TAP struct {
 	closeErr  error
 
 	pfd [2]unix.PollFd // Read's poll set: fd and efd
-	// np is set by WaitInNetpoller: blocking Reads wait in Go's poller,
-	// on a duplicate of fd (os.File owns the descriptor it polls).
-	np  atomic.Pointer[tapPoller]
-	iov []unix.Iovec // ReadVec's, reused (one reader at a time)
+	iov []unix.Iovec   // ReadVec's, reused (one reader at a time)
 }
 
 const tapClosedBit = int64(1) << 62
-
-// tapPoller is a duplicate of the TAP's descriptor registered with Go's
-// network poller (NetpollWaiter).
-type tapPoller struct {
-	f  *os.File
-	rc syscall.RawConn
-}
 
 // OpenTAP opens the TAP device cfg.Name, creating it if it does not exist,
 // in the network namespace of the calling thread (see testbed's
@@ -274,43 +263,12 @@ func (t *TAP) ReadVec(iov [][]byte, block bool) (int, error) {
 	return t.read(nil, iov, block)
 }
 
-// WaitInNetpoller has blocking Reads wait in Go's network poller instead
-// of in poll(2) (NetpollWaiter): it registers a duplicate of the
-// descriptor (same open file, so the same frames) with the poller. Call it
-// before the first Read.
-func (t *TAP) WaitInNetpoller() error {
-	if !t.acquire() {
-		return os.ErrClosed
-	}
-	defer t.release()
-	if t.np.Load() != nil {
-		return nil
-	}
-	dfd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("tap %q: dup: %w", t.name, err)
-	}
-	// The duplicate shares fd's O_NONBLOCK, so os.NewFile puts it on the
-	// poller.
-	f := os.NewFile(uintptr(dfd), t.name)
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("tap %q: %w", t.name, err)
-	}
-	t.np.Store(&tapPoller{f: f, rc: rc})
-	return nil
-}
-
 // read is Read (iov nil) and ReadVec.
 func (t *TAP) read(b []byte, iov [][]byte, block bool) (int, error) {
 	if !t.acquire() {
 		return 0, os.ErrClosed
 	}
 	defer t.release()
-	if np := t.np.Load(); np != nil && block {
-		return t.readNetpoll(np, b, iov)
-	}
 	for {
 		var n int
 		var err error
@@ -347,35 +305,6 @@ func (t *TAP) read(b []byte, iov [][]byte, block bool) (int, error) {
 			return 0, os.ErrClosed
 		}
 	}
-}
-
-// readNetpoll is a blocking read that waits in Go's poller: the read runs
-// inside RawConn.Read, which parks the goroutine when it reports EAGAIN
-// and calls it again once the descriptor is readable (the read must run
-// there: a frame that came between a read outside and the wait would not
-// wake it).
-func (t *TAP) readNetpoll(np *tapPoller, b []byte, iov [][]byte) (int, error) {
-	var n int
-	var err error
-	werr := np.rc.Read(func(uintptr) bool {
-		for {
-			if iov != nil {
-				n, err = t.readv(iov)
-			} else {
-				n, err = unix.Read(t.fd, b)
-			}
-			if err != unix.EINTR {
-				return err != unix.EAGAIN
-			}
-		}
-	})
-	switch {
-	case werr != nil || t.state.Load()&tapClosedBit != 0:
-		return 0, os.ErrClosed // Close closed the poller's file
-	case err != nil:
-		return 0, fmt.Errorf("read tap %q: %w", t.name, err)
-	}
-	return n, nil
 }
 
 // Write sends one frame: b is the virtio-net header followed by the
@@ -436,17 +365,8 @@ func (t *TAP) Close() error {
 		if _, err := unix.Write(t.efd, one[:]); err != nil && err != unix.EAGAIN {
 			t.closeErr = fmt.Errorf("close tap %q: wake reader: %w", t.name, err)
 		}
-		np := t.np.Load()
-		if np != nil {
-			np.f.Close() // wakes a Read waiting in the poller
-		}
 		if old&^tapClosedBit != 0 {
 			<-t.idle
-		}
-		if np == nil {
-			if np = t.np.Load(); np != nil {
-				np.f.Close() // WaitInNetpoller ran beside Close
-			}
 		}
 		if err := unix.Close(t.fd); err != nil && t.closeErr == nil {
 			t.closeErr = fmt.Errorf("close tap %q: %w", t.name, err)

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -782,102 +781,4 @@ func TestTAPResetsVnetByteOrder(t *testing.T) {
 			t.Errorf("TUNGETVNETBE after OpenTAP: got %d (%v), want 0", be, err)
 		}
 	}
-}
-
-// TestTAPNetpoll checks WaitInNetpoller: a blocking Read parks in Go's
-// network poller (the goroutine shows "IO wait", not "syscall"), a frame
-// that arrives while it waits wakes it, ReadVec waits the same way, and
-// Close wakes a waiting Read with os.ErrClosed.
-func TestTAPNetpoll(t *testing.T) {
-	tapTestNeedRoot(t)
-	b := tapTestOpen(t, TAPConfig{VnetHdr: true, Offloads: true})
-	if err := b.tap.WaitInNetpoller(); err != nil {
-		t.Fatal(err)
-	}
-	dst := netip.AddrPortFrom(b.StackAddr4.Addr(), 7778)
-	c, err := b.NS.DialUDP(dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for _, vec := range []bool{false, true} {
-		// Drain what the kernel sent on its own (router solicitations).
-		buf := make([]byte, tapTestBufLen)
-		for {
-			if _, err := b.tap.Read(buf, false); err == ErrNoFrame {
-				break
-			} else if err != nil {
-				t.Fatal(err)
-			}
-		}
-		got := make(chan []byte, 1)
-		go func() {
-			defer close(got)
-			for range 100 {
-				var n int
-				var err error
-				if vec {
-					n, err = b.tap.ReadVec([][]byte{buf[:40], buf[40:]}, true)
-				} else {
-					n, err = b.tap.Read(buf, true)
-				}
-				if err != nil {
-					return
-				}
-				frame := buf[VirtioNetHdrLen:n]
-				if len(frame) < 42 || header.Ethernet(frame).Type() != header.IPv4ProtocolNumber {
-					continue
-				}
-				ip := header.IPv4(frame[header.EthernetMinimumSize:])
-				if ip.Protocol() == uint8(header.UDPProtocolNumber) && header.UDP(ip.Payload()).DestinationPort() == dst.Port() {
-					got <- bytes.Clone(header.UDP(ip.Payload()).Payload())
-					return
-				}
-			}
-		}()
-		testutil.WaitFor(t, "the reader waits in the network poller", func() bool {
-			return tapTestReaderInIOWait()
-		})
-		payload := fmt.Appendf(nil, "netpoll vec=%v", vec)
-		if _, err := c.Write(payload); err != nil {
-			t.Fatal(err)
-		}
-		watchdog := time.AfterFunc(10*time.Second, func() { b.tap.Close() })
-		p, ok := <-got
-		watchdog.Stop()
-		if !ok || !bytes.Equal(p, payload) {
-			t.Fatalf("vec=%v: read %q (ok %v), want %q", vec, p, ok, payload)
-		}
-	}
-
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.tap.Read(make([]byte, tapTestBufLen), true)
-		done <- err
-	}()
-	testutil.WaitFor(t, "the reader waits in the network poller", tapTestReaderInIOWait)
-	if err := b.tap.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, os.ErrClosed) {
-			t.Errorf("Read waiting in the poller after Close: %v, want os.ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not wake the Read waiting in the poller")
-	}
-}
-
-// tapTestReaderInIOWait reports whether a goroutine in TAP.readNetpoll is
-// parked in Go's network poller.
-func tapTestReaderInIOWait() bool {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		if bytes.Contains(g, []byte("[IO wait")) && bytes.Contains(g, []byte("(*TAP).readNetpoll")) {
-			return true
-		}
-	}
-	return false
 }

@@ -43,22 +43,6 @@ type VecReader interface {
 	ReadVec(iov [][]byte, block bool) (int, error)
 }
 
-// A NetpollWaiter is a Wire whose blocking Read can wait in Go's network
-// poller rather than block its thread in poll(2). The NIC model asks for
-// it when its loop is not pinned (Config.NICCPUs empty): a frame's arrival
-// then readies the reader goroutine on a thread the runtime already runs,
-// and the poll loop it wakes next runs on that same thread, where a
-// thread blocked in poll(2) is woken by the kernel and must in turn wake
-// a second thread for the poll loop (bench -rr: a thread wake-up, about
-// 12 us here, per exchange). A pinned NIC keeps its locked thread: a
-// locked goroutine that parks in the poller hands its P away and must be
-// woken back on its own thread.
-//
-// WaitInNetpoller is called once, before the first Read.
-type NetpollWaiter interface {
-	WaitInNetpoller() error
-}
-
 // maxReadIov bounds the buffers of one ReadVec: a 64 KB super-frame over
 // 4 KB pages needs 18, plus the NIC's header and spill buffers.
 const maxReadIov = 64
