@@ -32,17 +32,10 @@ import (
 // timer sends what is still held when its time is up
 // (tcp_delack_timeouts). Flows that never send data (a bulk receiver) are
 // never held. Held ACKs are bounded by the table: delackFlows.
-//
-// The hold is Linux's: in pingpong mode tcp_send_delayed_ack caps the ACK
-// timeout (icsk_ack.ato, from TCP_ATO_MIN) at the smoothed RTT, but never
-// below TCP_DELACK_MIN, HZ/25: 40 ms whenever the RTT is shorter.
 const (
 	delackFlows    = 64
 	delackPingpong = time.Second
 )
-
-// DefaultDelayedACK is Config.DelayedACK's default: TCP_DELACK_MIN.
-const DefaultDelayedACK = 40 * time.Millisecond
 
 // delayedACK is the link endpoint's delayed-ACK table. Every method but the
 // counters runs under linkEndpoint.txMu.

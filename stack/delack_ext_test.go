@@ -15,13 +15,12 @@ import (
 
 var delackAddrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
 
-// delackPair is a receiver with cfg's delayed-ACK settings and a peer, and
-// a connection from the peer to a listener of the receiver's, with the
+// delackPair is a receiver with Config.DelayedACK hold and a peer, and a
+// connection from the peer to a listener of the receiver's, with the
 // receiver's end of it.
-func delackPair(t *testing.T, cfg stack.Config) (rx, peer *stack.Stack, client, server net.Conn) {
+func delackPair(t *testing.T, hold time.Duration) (rx, peer *stack.Stack, client, server net.Conn) {
 	t.Helper()
-	cfg.Addrs = delackAddrs
-	rx, peer = stacktest.NewPair(t, cfg,
+	rx, peer = stacktest.NewPair(t, stack.Config{Addrs: delackAddrs, DelayedACK: hold},
 		stack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}})
 	ap := netip.MustParseAddrPort("192.0.2.1:7300")
 	l, err := rx.ListenTCP(ap)
@@ -60,17 +59,12 @@ func counter(s *stack.Stack, name string) uint64 {
 }
 
 // TestDelayedACKRequestResponse: 200 request/response exchanges of 64
-// bytes. Without delayed ACKs (NoDelayedACK) gVisor sends two segments per
-// request (its ACK, then the reply); with them, the default's
-// (DefaultDelayedACK) or a hold of 5 ms, the reply carries the ACK: one.
+// bytes. Without delayed ACKs gVisor sends two segments per request (its
+// ACK, then the reply); with them the reply carries the ACK: one.
 func TestDelayedACKRequestResponse(t *testing.T) {
 	const n = 200
-	for _, cfg := range []stack.Config{{NoDelayedACK: true}, {}, {DelayedACK: 5 * time.Millisecond}} {
-		hold := cfg.DelayedACK
-		if !cfg.NoDelayedACK && hold == 0 {
-			hold = stack.DefaultDelayedACK
-		}
-		rx, _, client, server := delackPair(t, cfg)
+	for _, hold := range []time.Duration{0, 5 * time.Millisecond} {
+		rx, _, client, server := delackPair(t, hold)
 		go func() {
 			buf := make([]byte, 64)
 			for {
@@ -99,10 +93,10 @@ func TestDelayedACKRequestResponse(t *testing.T) {
 		per := float64(counter(rx, "tx_packets")-sent0) / n
 		saved := counter(rx, "tcp_delack_saved")
 		t.Logf("hold %v: %.2f segments sent per exchange, tcp_delack_saved %d", hold, per, saved)
-		if cfg.NoDelayedACK && per < 1.8 {
+		if hold == 0 && per < 1.8 {
 			t.Errorf("without delayed ACKs: %.2f segments per exchange, want about 2 (ACK and reply)", per)
 		}
-		if !cfg.NoDelayedACK && (per > 1.3 || saved < n/2) {
+		if hold > 0 && (per > 1.3 || saved < n/2) {
 			t.Errorf("with delayed ACKs: %.2f segments per exchange, tcp_delack_saved %d; want about 1 and most of %d", per, saved, n)
 		}
 	}
@@ -113,7 +107,7 @@ func TestDelayedACKRequestResponse(t *testing.T) {
 // time is up (tcp_delack_timeouts), and the peer, whose writes need them,
 // keeps going: 64 KB arrive in 1 KB writes.
 func TestDelayedACKTimeout(t *testing.T) {
-	rx, _, client, server := delackPair(t, stack.Config{DelayedACK: 2 * time.Millisecond})
+	rx, _, client, server := delackPair(t, 2*time.Millisecond)
 	if _, err := server.Write([]byte("hello")); err != nil { // pingpong: the server has sent data
 		t.Fatal(err)
 	}
@@ -161,7 +155,7 @@ func TestDelayedACKTimeout(t *testing.T) {
 
 // TestDelayedACKBulkReceiver: a flow that never sends data is never held.
 func TestDelayedACKBulkReceiver(t *testing.T) {
-	rx, _, client, server := delackPair(t, stack.Config{})
+	rx, _, client, server := delackPair(t, 5*time.Millisecond)
 	done := make(chan error, 1)
 	go func() {
 		_, err := io.ReadFull(server, make([]byte, 4<<20))

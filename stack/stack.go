@@ -18,7 +18,6 @@
 package stack
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -84,15 +83,11 @@ type Config struct {
 	// GRO: a merged packet is one large frame). PcapWire records the frames
 	// as read from the wire. The Stack does not close them.
 	Pcap, PcapWire *PcapWriter
-	// DelayedACK is how long the pure ACK gVisor sends right after a
-	// segment with data is held, on flows that send data themselves, so
-	// that the application's reply carries it, as Linux's delayed ACK in
-	// pingpong mode (delack.go). 0: DefaultDelayedACK.
+	// DelayedACK, if positive, holds the pure ACKs gVisor sends right after
+	// a segment with data, on flows that send data themselves, for up to
+	// this long, so that the application's reply carries the ACK, as
+	// Linux's delayed ACK in pingpong mode (delack.go). 0: every ACK at once.
 	DelayedACK time.Duration
-	// NoDelayedACK sends every ACK at once, as gVisor's TCP does by itself:
-	// two packets per request in a request/response exchange, the ACK and
-	// then the reply.
-	NoDelayedACK bool
 	// NoGRO turns the GRO engine off (on by default, as `ethtool -K gro`).
 	NoGRO bool
 	// GROFlushTimeout is gro_flush_timeout: 0 flushes GRO at the end of
@@ -272,8 +267,8 @@ func New(cfg Config) (s *Stack, err error) {
 		closeDrivers()
 		return nil, fmt.Errorf("stack: delayed ack %v < 0", cfg.DelayedACK)
 	}
-	if !cfg.NoDelayedACK {
-		ep.startDelayedACK(cmp.Or(cfg.DelayedACK, DefaultDelayedACK))
+	if cfg.DelayedACK > 0 {
+		ep.startDelayedACK(cfg.DelayedACK)
 	}
 	if !cfg.NoGRO {
 		if cfg.GROFlushTimeout < 0 {

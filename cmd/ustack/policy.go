@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"encoding"
 	"errors"
 	"flag"
@@ -125,9 +124,9 @@ var policies = []policySwitch{
 	{name: "pool-ring", values: "N", def: "0", kernel: "page_pool ptr_ring size",
 		usage: "pages the pool's quarantine ring holds (0: every page the RQ can span)",
 		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.Pool.RingSize, nonNeg: true} }},
-	{name: "delayed-ack", values: "D", def: stack.DefaultDelayedACK.String(), kernel: "TCP delayed ACK in pingpong mode (tcp_send_delayed_ack; TCP_DELACK_MIN)",
-		usage: "hold the pure ACK gVisor sends after a segment with data for up to D on flows that send data, so the reply carries it, as Linux does (0s: every ACK at once, as gVisor alone)",
-		bind:  func(p *policy) any { return &delayedACK{c: &p.cfg} }},
+	{name: "delayed-ack", values: "D", def: "0s", kernel: "TCP delayed ACK in pingpong mode (tcp_send_delayed_ack)",
+		usage: "hold the pure ACK gVisor sends after a segment with data for up to D on flows that send data, so the reply carries it (0: every ACK at once)",
+		bind:  func(p *policy) any { return &duration{p: &p.cfg.DelayedACK} }},
 	{name: "tcp-rmem-max", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_rmem (max)",
 		usage: fmt.Sprintf("largest TCP receive buffer auto-tuning grows to (0: %d)", stack.DefaultTCPReceiveBufferMax),
 		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, nonNeg: true} }},
@@ -447,26 +446,6 @@ func (d *duration) UnmarshalText(t []byte) error {
 		return errors.New("want a duration >= 0")
 	}
 	*d.p = v
-	return nil
-}
-
-// delayedACK is stack.Config's DelayedACK and NoDelayedACK as one
-// duration: 0s sends every ACK at once.
-type delayedACK struct{ c *stack.Config }
-
-func (d *delayedACK) MarshalText() ([]byte, error) {
-	if d.c.NoDelayedACK {
-		return []byte("0s"), nil
-	}
-	return []byte(cmp.Or(d.c.DelayedACK, stack.DefaultDelayedACK).String()), nil
-}
-
-func (d *delayedACK) UnmarshalText(t []byte) error {
-	v, err := time.ParseDuration(string(t))
-	if err != nil || v < 0 {
-		return errors.New("want a duration >= 0")
-	}
-	d.c.DelayedACK, d.c.NoDelayedACK = v, v == 0
 	return nil
 }
 

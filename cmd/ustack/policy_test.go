@@ -38,7 +38,7 @@ var policyExamples = map[string][]string{
 	"page-size":         {"64k", "4k"},
 	"pool-recycle":      {"off", "on"},
 	"rx-uso":            {"on", "off"},
-	"delayed-ack":       {"1ms", "0s", "40ms"},
+	"delayed-ack":       {"1ms", "0s"},
 	"busy-poll":         {"50µs", "0s"},
 	"pool-poison":       {"true", "false"},
 	"pool-mem":          {"67108864"},
