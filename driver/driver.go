@@ -97,6 +97,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/rrtrace"
 )
 
 // Driver is one RX queue and one TX queue of the NIC model over a Wire.
@@ -298,9 +299,18 @@ func (d *Driver) Transmit(h *VirtioNetHdr, parts [][]byte) error {
 		}
 		n += copy(d.txBuf[n:], p)
 	}
+	// rrtrace follows replies: a bare ACK (at most 86 bytes, IPv6 with
+	// timestamps) is not one.
+	reply := n-VirtioNetHdrLen > 100
+	if reply {
+		rrtrace.Mark(rrtrace.TxStart)
+	}
 	if err := d.wire.Write(d.txBuf[:n]); err != nil {
 		d.stats.TxErrors.Add(1)
 		return err
+	}
+	if reply {
+		rrtrace.Mark(rrtrace.TxEnd)
 	}
 	d.stats.TxPackets.Add(1)
 	d.stats.TxBytes.Add(uint64(n - VirtioNetHdrLen))

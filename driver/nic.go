@@ -8,6 +8,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/internal/hdr"
+	"github.com/ustack/ustack/internal/rrtrace"
 )
 
 // nicState is the NIC model's private state: the wire read buffer, the WQE
@@ -173,11 +174,13 @@ func (d *Driver) nicLoop() {
 			return
 		}
 		block = false
+		rrtrace.Mark(rrtrace.FrameRead)
 		if inRing > 0 && !n.directOK(n.rbuf[:m], inRing) {
 			n.gather(inRing)
 			inRing = 0
 		}
 		n.receive(n.rbuf[:m], inRing)
+		rrtrace.Mark(rrtrace.Received)
 		if n.due() {
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
@@ -611,6 +614,7 @@ func (n *nicState) publish() {
 	}
 	d := n.d
 	d.prod.Store(n.prod)
+	rrtrace.Mark(rrtrace.Published)
 	n.pending, n.pendBytes = 0, 0
 	if d.pollSleeping.Load() {
 		select {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/rrtrace"
 )
 
 // pollLoop is the driver's NAPI context. Pinned (Config.PollCPUs), it is
@@ -84,11 +85,13 @@ func (d *Driver) pollLoop() {
 				}
 			}
 			d.pollSleeping.Store(false)
+			rrtrace.Mark(rrtrace.PollWoke)
 			timer.Stop()
 			run = ThreadCPUTime()
 			continue
 		}
 		cons, more, again = d.poll(cons, prod)
+		rrtrace.Mark(rrtrace.PollDone)
 		if polls++; polls%16 == 0 {
 			d.stats.PollCPUNanos.Store(usedCPU())
 		}
