@@ -143,14 +143,23 @@ type FrameTap interface {
 
 // Defaults.
 const (
-	DefaultMTU        = 1500
-	DefaultBudget     = 64 // NAPI_POLL_WEIGHT
-	DefaultRingSize   = 1024
-	DefaultStrideSize = 64      // mlx5's smallest stride: no space wasted between frames
-	DefaultWQEBytes   = 1 << 18 // 256 KB, mlx5's MPWQE size with LRO
+	DefaultMTU    = 1500
+	DefaultBudget = 64 // NAPI_POLL_WEIGHT
+	// KernelCoalesceUsecs is the moderation timer mlx5 starts with: net
+	// DIM's default RX profile in CQE mode (NET_DIM_DEF_PROFILE_CQE, index
+	// 1 of NET_DIM_RX_CQE_PROFILES: 8 us, 128 frames), adaptive RX
+	// moderation being on by default. Not Config.CoalesceUsecs's default
+	// (see there).
+	KernelCoalesceUsecs = 8
+	DefaultRingSize     = 1024
+	DefaultStrideSize   = 64      // mlx5's smallest stride: no space wasted between frames
+	DefaultWQEBytes     = 1 << 18 // 256 KB, mlx5's MPWQE size with LRO
 	// DefaultRQSizeStriding is the striding RQ's depth in WQEs: mlx5's
 	// MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE_MPW (2^3), 2 MB of 256 KB WQEs.
 	DefaultRQSizeStriding = 8
+	// maxCoalesceUsecs bounds Config.CoalesceUsecs: mlx5's largest CQ
+	// period (MLX5E_MAX_COAL_TIME, 12 bits of microseconds).
+	maxCoalesceUsecs = 4095
 	// MaxBusyPoll bounds Config.BusyPoll.
 	MaxBusyPoll = time.Second
 	// maxLROFrame is the largest frame LRO hands up: an IP packet of 64 KB
@@ -189,17 +198,33 @@ type Config struct {
 	// fixed byte count (256 is the old mlx5 behaviour).
 	HDS int
 	// Budget is the NAPI budget: frames per poll batch (default 64). The
-	// NIC model also publishes its completions, and raises an interrupt
-	// if the poll loop sleeps, every Budget frames (and whenever the wire
-	// runs dry).
+	// NIC model also raises an interrupt, which wakes the poll loop if it
+	// sleeps, every Budget frames (and whenever the wire runs dry): its
+	// interrupt moderation. A poll loop that runs sees each completion as
+	// soon as the wire read that made it is done, as a driver polling its
+	// CQ sees a CQE once the NIC has written it.
 	Budget int
-	// CoalesceBytes makes the NIC model publish its completions as soon
-	// as they hold this many bytes, if that comes before Budget frames:
-	// interrupt moderation by bytes. 0 publishes by frames only. With LRO
-	// a Budget of 64 KB super-frames is 4 MB, the whole send buffer of a
-	// Linux sender: the poll loop, and with it the receiver's ACKs, would
-	// wait for the sender to stall.
+	// CoalesceBytes makes the NIC model raise its interrupt as soon as the
+	// completions since the last one hold this many bytes, if that comes
+	// before Budget frames: interrupt moderation by bytes. 0 moderates by
+	// frames only. It matters only to a poll loop that sleeps: one that
+	// runs sees every completion at once.
 	CoalesceBytes int
+	// CoalesceUsecs is the interrupt moderation timer in microseconds
+	// (ethtool -C rx-usecs), in mlx5's default mode, restarted by each
+	// completion (MLX5_CQ_PERIOD_MODE_START_FROM_CQE): a sleeping poll
+	// loop is woken once the NIC has written no completion for this long,
+	// which the NIC model sees when a wire read returns this long after
+	// the one before it. 0: no timer; only Budget frames, CoalesceBytes and
+	// a dry wire raise the interrupt.
+	//
+	// mlx5 starts at 8 us (KernelCoalesceUsecs), but the NIC model's gaps
+	// are not the wire's: its reads also stall when the sender or the
+	// poll loop takes its core, which a NIC never does, so on a machine
+	// whose cores the sender shares the timer fires on the model's own
+	// stalls. Off by default for that reason (docs/figures-2026-12.md,
+	// session 12).
+	CoalesceUsecs int
 	// BusyPoll makes the poll loop spin on an empty completion queue for up
 	// to this long before it sleeps waiting for the NIC's interrupt (0:
 	// sleep at once; at most MaxBusyPoll): busy polling, as SO_BUSY_POLL's
@@ -304,6 +329,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.BusyPoll < 0 || c.BusyPoll > MaxBusyPoll {
 		return fmt.Errorf("busy poll %v: want 0..%v", c.BusyPoll, MaxBusyPoll)
+	}
+	if c.CoalesceUsecs < 0 || c.CoalesceUsecs > maxCoalesceUsecs {
+		return fmt.Errorf("coalesce usecs %d: want 0..%d", c.CoalesceUsecs, maxCoalesceUsecs)
 	}
 	if c.CoalesceBytes < 0 {
 		return fmt.Errorf("coalesce bytes %d: want >= 0", c.CoalesceBytes)

@@ -155,10 +155,11 @@ func waitDropped(t *testing.T, d *Driver, r Drop, n uint64) {
 	}
 }
 
-// TestCoalesceBytes checks when the NIC model publishes LRO super-frames:
-// after Budget frames by default, and as soon as CoalesceBytes are pending
-// with interrupt moderation by bytes. The NIC's receive is driven by hand,
-// without the driver's goroutines.
+// TestCoalesceBytes checks when the NIC model interrupts a sleeping poll
+// loop with LRO super-frames, the moderation timer off: after Budget frames
+// by default, and as soon as CoalesceBytes are pending with interrupt
+// moderation by bytes. The NIC's receive is driven by hand, without the
+// driver's goroutines; the poll loop is made to look asleep.
 func TestCoalesceBytes(t *testing.T) {
 	h, f, _ := tcpSuper(t, L3IPv4, 60000)
 	frame := wireFrame(h, f)
@@ -180,10 +181,12 @@ func TestCoalesceBytes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
+			d.pollSleeping.Store(true)
 			n := &d.nic
 			got := 0
 			for got < 20 && !n.due() {
 				n.receive(frame, 0)
+				n.expose()
 				got++
 			}
 			if got != tc.want {
@@ -192,6 +195,61 @@ func TestCoalesceBytes(t *testing.T) {
 			n.publish()
 			if n.due() || d.prod.Load() != uint32(got) {
 				t.Errorf("after publish: due %v, published %d, want false, %d", n.due(), d.prod.Load(), got)
+			}
+		})
+	}
+}
+
+// TestCoalesceUsecs checks the moderation timer (Config.CoalesceUsecs,
+// mlx5's CQE mode): a sleeping poll loop is interrupted at the wire read
+// that returns CoalesceUsecs or more after the one before it, not earlier
+// by the timer alone; without the timer only Budget does it; a running poll
+// loop is not interrupted and its CQEs are not counted. Only lower bounds
+// of time are relied on (a sleep between reads), never an upper one.
+func TestCoalesceUsecs(t *testing.T) {
+	h, f, _ := tcpSuper(t, L3IPv4, 60000)
+	frame := wireFrame(h, f)
+	for _, tc := range []struct {
+		name     string
+		usecs    int
+		sleeping bool
+		want     bool // due after the second read
+	}{
+		{"timer", 50, true, true},
+		{"no timer", 0, true, false},
+		{"poll loop running", 50, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := NewMemPair(4, len(frame))
+			defer b.Close()
+			cfg := Config{LRO: true, Budget: 8, CoalesceUsecs: tc.usecs}
+			copy(cfg.MAC[:], pkDstMAC)
+			d, err := New(a, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			d.pollSleeping.Store(tc.sleeping)
+			n := &d.nic
+			n.receive(frame, 0)
+			n.expose()
+			if n.due() {
+				t.Fatal("due after the first read: the timer starts with it")
+			}
+			time.Sleep(time.Duration(max(tc.usecs, 50)) * 2 * time.Microsecond)
+			n.receive(frame, 0)
+			n.expose()
+			if got := n.due(); got != tc.want {
+				t.Errorf("due after a read %d us after the first: got %v, want %v", max(tc.usecs, 50)*2, got, tc.want)
+			}
+			if want := 2; tc.sleeping && n.pending != want {
+				t.Errorf("pending: got %d, want %d", n.pending, want)
+			}
+			if !tc.sleeping && n.pending != 0 {
+				t.Errorf("pending with the poll loop running: got %d, want 0", n.pending)
+			}
+			if d.prod.Load() != 2 {
+				t.Errorf("exposed: got %d CQEs, want 2", d.prod.Load())
 			}
 		})
 	}

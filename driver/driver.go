@@ -67,9 +67,12 @@
 //
 // Threading: the NIC model runs in its own goroutine locked to an OS thread
 // (the hardware); it posts one CQE per frame into a single-producer,
-// single-consumer completion queue, publishes the CQEs every Budget frames
-// (or CoalesceBytes bytes) and whenever the wire runs dry, and raises an
-// interrupt when the poll loop sleeps. The poll loop runs in a second
+// single-consumer completion queue, makes them visible after each wire read
+// (a running poll loop takes them at once, as mlx5e_poll_rx_cq takes every
+// CQE the NIC has written), and interrupts a sleeping poll loop after
+// Budget frames, CoalesceBytes bytes, the moderation timer CoalesceUsecs
+// (restarted by each CQE, as mlx5's CQE-based moderation) or when the wire
+// runs dry. The poll loop runs in a second
 // goroutine (the softirq) and calls the Handler for each packet, in ring
 // order, then Flush once per batch of at most Budget packets. Transmit may
 // be called from any goroutine.

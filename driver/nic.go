@@ -54,11 +54,14 @@ type nicState struct {
 	ends     []uint64 // two entries per CQE slot: ends[cons-1] outlives its slot's reuse
 	endMask  uint32
 
-	prod      uint32    // next CQE to write; published to d.prod in batches
-	pending   int       // CQEs written since the last publish
-	pendBytes int       // their bytes
-	fi        FrameInfo // the current frame's, as ParseFrame fills it
-	segs      segPlacer // places the segments receiveGSO cuts a super-frame into
+	prod       uint32    // next CQE to write; exposed to d.prod after each wire read
+	exposed    uint32    // the last prod stored to d.prod
+	pending    int       // CQEs written since the last interrupt (publish) or while the poll loop ran
+	lastCQE    int64     // the moderation timer's start: when the last CQE was exposed to a sleeping poll loop (clock ns; 0: none)
+	timerFired bool      // due's moderation timer ran out: the interrupt publish raises is the timer's
+	pendBytes  int       // their bytes
+	fi         FrameInfo // the current frame's, as ParseFrame fills it
+	segs       segPlacer // places the segments receiveGSO cuts a super-frame into
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
 	l3       bool       // frames start at the IP header (Config.L3: a TUN)
@@ -181,6 +184,7 @@ func (d *Driver) nicLoop() {
 		}
 		n.receive(n.rbuf[:m], inRing)
 		rrtrace.Mark(rrtrace.Received)
+		n.expose()
 		if n.due() {
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
@@ -599,27 +603,70 @@ func pageRound(b, pageBytes int) int {
 	return (b + pageBytes - 1) / pageBytes * pageBytes
 }
 
-// due reports whether the CQEs written since the last publish are to be
-// published now: Budget of them, or CoalesceBytes of frames in them.
+// due reports, after a wire read, whether the CQEs written since the last
+// interrupt are to raise one now: Budget of them, CoalesceBytes of frames
+// in them, or the moderation timer (Config.CoalesceUsecs) run out between
+// the CQEs of the read before and this one's, as mlx5's CQE-mode timer,
+// which each new CQE restarts, fires in a gap of the traffic. CQEs that
+// came while the poll loop ran need no interrupt (NAPI polls with the CQ's
+// interrupt disarmed until napi_complete_done): they are not counted.
 func (n *nicState) due() bool {
-	c := &n.d.cfg
-	return n.pending >= c.Budget || c.CoalesceBytes > 0 && n.pendBytes >= c.CoalesceBytes
+	d := n.d
+	c := &d.cfg
+	if n.pending == 0 {
+		return false
+	}
+	if !d.pollSleeping.Load() {
+		// Running, it sees them (expose came first: if it goes to
+		// sleep after this load, its re-check of d.prod finds them).
+		n.pending, n.pendBytes, n.lastCQE = 0, 0, 0
+		return false
+	}
+	if n.pending >= c.Budget || c.CoalesceBytes > 0 && n.pendBytes >= c.CoalesceBytes {
+		return true
+	}
+	if c.CoalesceUsecs == 0 {
+		return false
+	}
+	now, last := d.clock(), n.lastCQE
+	n.lastCQE = now
+	n.timerFired = last != 0 && now-last >= int64(c.CoalesceUsecs)*1000
+	return n.timerFired
 }
 
-// publish makes the CQEs written so far visible to the poll loop and wakes
-// it if it sleeps.
+// expose makes the CQEs written so far visible to the poll loop, as a
+// NIC's completion is in the driver's view once its DMA has written the
+// CQE and flipped its ownership bit: mlx5e_poll_rx_cq takes every CQE it
+// finds (mlx5_cqwq_get_cqe), whatever interrupt moderation does. A poll
+// loop that is running sees them at its next look; one that sleeps waits
+// for the interrupt (publish). The NIC model exposes after each wire read,
+// when every CQE of the read is complete (a SHAMPO CQE's flush bit is set
+// after its slot is counted).
+func (n *nicState) expose() {
+	if n.exposed != n.prod {
+		n.exposed = n.prod
+		n.d.prod.Store(n.prod)
+		rrtrace.Mark(rrtrace.Published)
+	}
+}
+
+// publish exposes the CQEs written so far and raises the interrupt: it
+// wakes the poll loop if it sleeps.
 func (n *nicState) publish() {
 	if n.pending == 0 {
 		return
 	}
 	d := n.d
-	d.prod.Store(n.prod)
-	rrtrace.Mark(rrtrace.Published)
-	n.pending, n.pendBytes = 0, 0
+	n.expose()
+	timer := n.timerFired
+	n.pending, n.pendBytes, n.lastCQE, n.timerFired = 0, 0, 0, false
 	if d.pollSleeping.Load() {
 		select {
 		case d.irq <- struct{}{}:
 			d.stats.NICWakeups.Add(1)
+			if timer {
+				d.stats.TimerIRQs.Add(1)
+			}
 		default:
 		}
 	}

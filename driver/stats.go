@@ -27,6 +27,7 @@ type Stats struct {
 	CQEStalls    atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
 	RQStalls     atomic.Uint64 // rx_rq_stalls: times the NIC waited for the poll loop to free RQ room (Config.RQSize)
 	NICWakeups   atomic.Uint64 // rx_irqs: interrupts raised to wake the poll loop
+	TimerIRQs    atomic.Uint64 // rx_irqs_timer: of those, raised by the moderation timer (Config.CoalesceUsecs)
 	BusyPolls    atomic.Uint64 // rx_busy_polls: spins on an empty ring (Config.BusyPoll)
 	BusyPollHits atomic.Uint64 // rx_busy_poll_hits: spins a completion ended, no sleep
 
@@ -69,6 +70,7 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_bytes", s.Bytes.Load())
 	fn("rx_napi_polls", s.Polls.Load())
 	fn("rx_irqs", s.NICWakeups.Load())
+	fn("rx_irqs_timer", s.TimerIRQs.Load())
 	fn("rx_busy_polls", s.BusyPolls.Load())
 	fn("rx_busy_poll_hits", s.BusyPollHits.Load())
 	fn("rx_wqes", s.WQEs.Load())

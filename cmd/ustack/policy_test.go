@@ -31,6 +31,7 @@ var policyExamples = map[string][]string{
 	"gro-flush-timeout": {"1ms"},
 	"budget":            {"8"},
 	"coalesce-bytes":    {"262144"},
+	"rx-usecs":          {"8"},
 	"rx-ring":           {"256"},
 	"rq-size":           {"4"},
 	"rq-full":           {"drop", "stall"},
