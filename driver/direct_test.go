@@ -172,15 +172,7 @@ func TestCoalesceBytes(t *testing.T) {
 		{150_000, 3},
 	} {
 		t.Run(fmt.Sprint(tc.coalesce), func(t *testing.T) {
-			a, b := NewMemPair(4, len(frame))
-			defer b.Close()
-			cfg := Config{LRO: true, Budget: 8, CoalesceBytes: tc.coalesce}
-			copy(cfg.MAC[:], pkDstMAC)
-			d, err := New(a, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
+			d := handDriver(t, len(frame), Config{LRO: true, Budget: 8, CoalesceBytes: tc.coalesce})
 			d.pollSleeping.Store(true)
 			n := &d.nic
 			got := 0
@@ -220,15 +212,7 @@ func TestCoalesceUsecs(t *testing.T) {
 		{"poll loop running", 50, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b := NewMemPair(4, len(frame))
-			defer b.Close()
-			cfg := Config{LRO: true, Budget: 8, CoalesceUsecs: tc.usecs}
-			copy(cfg.MAC[:], pkDstMAC)
-			d, err := New(a, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
+			d := handDriver(t, len(frame), Config{LRO: true, Budget: 8, CoalesceUsecs: tc.usecs})
 			d.pollSleeping.Store(tc.sleeping)
 			n := &d.nic
 			n.receive(frame, 0)
@@ -253,6 +237,21 @@ func TestCoalesceUsecs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// handDriver returns a driver over a memory wire whose NIC is driven by
+// hand (receive, expose, due), closed when the test ends.
+func handDriver(t *testing.T, frameLen int, cfg Config) *Driver {
+	t.Helper()
+	a, b := NewMemPair(4, frameLen)
+	t.Cleanup(func() { b.Close() })
+	copy(cfg.MAC[:], pkDstMAC)
+	d, err := New(a, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }
 
 // FuzzDirectRead feeds a wire read (virtio-net header and frame) to a
