@@ -54,14 +54,20 @@ type nicState struct {
 	ends     []uint64 // two entries per CQE slot: ends[cons-1] outlives its slot's reuse
 	endMask  uint32
 
-	prod       uint32    // next CQE to write; exposed to d.prod after each wire read
-	exposed    uint32    // the last prod stored to d.prod
-	pending    int       // CQEs written since the last interrupt (publish) or while the poll loop ran
-	lastCQE    int64     // the moderation timer's start: when the last CQE was exposed to a sleeping poll loop (clock ns; 0: none)
-	timerFired bool      // due's moderation timer ran out: the interrupt publish raises is the timer's
-	pendBytes  int       // their bytes
-	fi         FrameInfo // the current frame's, as ParseFrame fills it
-	segs       segPlacer // places the segments receiveGSO cuts a super-frame into
+	prod    uint32 // next CQE to write; exposed to d.prod after each wire read
+	exposed uint32 // the last prod stored to d.prod
+	// Interrupt moderation: the CQEs written since the last interrupt
+	// (publish) that a running poll loop did not take (due), their bytes,
+	// the moderation timer's start (when the last of them was exposed to a
+	// sleeping poll loop, clock ns; 0: none), and whether the timer ran out
+	// (the interrupt publish raises is then the timer's).
+	pending    int
+	pendBytes  int
+	lastCQE    int64
+	timerFired bool
+
+	fi   FrameInfo // the current frame's, as ParseFrame fills it
+	segs segPlacer // places the segments receiveGSO cuts a super-frame into
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
 	l3       bool       // frames start at the IP header (Config.L3: a TUN)
