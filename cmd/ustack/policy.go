@@ -621,7 +621,7 @@ type serverFlags struct {
 }
 
 func (f *serverFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.perSource, "server-conns-per-source", serve.DefaultConnsPerSource, "discard and echo: connections at once from one source address; one more is closed at once (server_conns_source_refused). One client's parallel test fits (bench opens up to 64), and one source holds at most half of the echo budget")
+	fs.IntVar(&f.perSource, "server-conns-per-source", serve.DefaultConnsPerSource, "discard, echo and sockperf: connections at once from one source address (and twice that from one /24 or /64: server_conns_prefix_refused); one more is closed at once (server_conns_source_refused). One client's parallel test fits (bench opens up to 64), and one source holds at most half of the echo budget")
 	fs.DurationVar(&f.idle, "server-idle-timeout", serve.DefaultIdleTimeout, "discard and echo: close a connection whose peer sent nothing for this long, the read deadline (server_idle_timeouts; 0: never). Far beyond a live peer's pauses, short enough that silent peers give their slots back")
 	fs.DurationVar(&f.write, "server-write-timeout", serve.DefaultWriteTimeout, "echo: close a connection whose peer took none of its echo for this long, the write deadline (server_write_timeouts; 0: never)")
 	fs.IntVar(&f.echoConnMem, "echo-conn-mem", serve.DefaultEchoConnMemory, "echo: bytes of buffers one connection may hold, its share of the 256 MiB budget (128 connections to take it all)")

@@ -26,6 +26,12 @@ type Config struct {
 	// does with its default masks; one more is closed at once
 	// (server_conns_source_refused). 0: DefaultConnsPerSource.
 	MaxConnsPerSource int
+	// MaxConnsPerPrefix bounds the connections from one /24 (IPv4) or
+	// one /64 (IPv6: a host's usual allocation, whose addresses it picks
+	// freely), beside the per-address bound, as iptables connlimit with
+	// --connlimit-mask 24 and 64; one more is closed at once
+	// (server_conns_prefix_refused). 0: twice the per-source bound.
+	MaxConnsPerPrefix int
 	// IdleTimeout closes a connection whose peer sent nothing for this
 	// long: the read deadline, re-armed before every read
 	// (server_idle_timeouts). 0: DefaultIdleTimeout; < 0: none.
@@ -40,6 +46,11 @@ type Config struct {
 	// EchoConnMemory is the most one echo connection holds in buffers,
 	// its share of EchoMemory. 0: DefaultEchoConnMemory.
 	EchoConnMemory int
+	// SockperfMemory is the budget the sockperf server's TCP connections
+	// share for their read buffers, one of 64 KiB each while it has data
+	// to look at, a reply to write or a partial message.
+	// 0: DefaultSockperfMemory.
+	SockperfMemory int
 	// Stats, if not nil, gets the server's counters; servers may share
 	// one. nil: the server counts for itself only.
 	Stats *Stats
@@ -50,6 +61,10 @@ type Config struct {
 //     test (ustack bench opens up to 64 streams), while 64 sources are
 //     needed to take all 4096 slots and one source can take at most half
 //     of the echo budget (64 x 2 MiB of 256 MiB).
+//   - twice that per /24 or /64 (128): two such clients behind one
+//     router, while a peer that owns a /64 (or a /24) gets no more than
+//     that with many addresses, holds at most the echo budget, and 32 of
+//     them are needed to take all 4096 slots.
 //   - 60 s idle and write timeouts: far longer than any pause of a live
 //     peer (TCP's own retransmission backoff reaches a minute only after
 //     a dozen losses), short enough that a peer that went silent or stops
@@ -58,16 +73,26 @@ type Config struct {
 //     client's default socket buffers hold in flight, so that a peer that
 //     sends a little before it reads still gets its echo; 128 connections
 //     are needed to take the whole budget.
+//   - 64 MiB of sockperf read buffers: 1024 connections at once in the
+//     middle of a message or its reply, far more than sockperf clients
+//     keep there (a message arrives whole within microseconds), a
+//     quarter of the 256 MiB that 4096 connections would hold without
+//     it; 8 prefixes are needed to take it all.
 const (
 	DefaultConnsPerSource = 64
 	DefaultIdleTimeout    = 60 * time.Second
 	DefaultWriteTimeout   = 60 * time.Second
 	DefaultEchoConnMemory = 2 << 20
+	DefaultSockperfMemory = 64 << 20
 )
 
 func (c *Config) maxConns() int { return cmpOr(c.MaxConns, maxServerConns) }
 func (c *Config) maxPerSource() int {
 	return cmpOr(c.MaxConnsPerSource, DefaultConnsPerSource)
+}
+func (c *Config) maxPerPrefix() int { return cmpOr(c.MaxConnsPerPrefix, 2*c.maxPerSource()) }
+func (c *Config) sockperfMemory() int {
+	return cmpOr(c.SockperfMemory, DefaultSockperfMemory)
 }
 func (c *Config) echoMemory() int     { return cmpOr(c.EchoMemory, echoServerMemory) }
 func (c *Config) echoConnMemory() int { return cmpOr(c.EchoConnMemory, DefaultEchoConnMemory) }
@@ -102,16 +127,17 @@ func timeoutOr(v, def time.Duration) time.Duration {
 // into it together, as `ustack run` gives all of its servers one. The zero
 // value is ready to use.
 type Stats struct {
-	connsRefused, sourceRefused atomic.Uint64
-	idleTimeouts, writeTimeouts atomic.Uint64
-	// bufBytes is the memory the discard and echo connections hold in
-	// read buffers now (a gauge).
+	connsRefused, sourceRefused, prefixRefused atomic.Uint64
+	idleTimeouts, writeTimeouts                atomic.Uint64
+	// bufBytes is the memory the discard, echo and sockperf connections
+	// hold in read buffers now (a gauge).
 	bufBytes atomic.Int64
 
 	iperf3HellosRejected, iperf3IdleTimeouts, iperf3ConnsDropped atomic.Uint64
 
 	sockperfMessages, sockperfReplies, sockperfWarmups            atomic.Uint64
 	sockperfBadConns, sockperfBadDatagrams, sockperfUDPSendErrors atomic.Uint64
+	sockperfMessageTimeouts, sockperfBufferWaits                  atomic.Uint64
 }
 
 // EachCounter calls fn for every counter, in a fixed order, named as the
@@ -120,6 +146,7 @@ type Stats struct {
 func (st *Stats) EachCounter(fn func(name string, v uint64)) {
 	fn("server_conns_refused", st.connsRefused.Load())
 	fn("server_conns_source_refused", st.sourceRefused.Load())
+	fn("server_conns_prefix_refused", st.prefixRefused.Load())
 	fn("server_idle_timeouts", st.idleTimeouts.Load())
 	fn("server_write_timeouts", st.writeTimeouts.Load())
 	fn("server_buf_bytes_current", uint64(max(0, st.bufBytes.Load())))
@@ -131,6 +158,8 @@ func (st *Stats) EachCounter(fn func(name string, v uint64)) {
 	fn("sockperf_warmups", st.sockperfWarmups.Load())
 	fn("sockperf_bad_conns", st.sockperfBadConns.Load())
 	fn("sockperf_bad_datagrams", st.sockperfBadDatagrams.Load())
+	fn("sockperf_message_timeouts", st.sockperfMessageTimeouts.Load())
+	fn("sockperf_buffer_waits", st.sockperfBufferWaits.Load())
 	fn("sockperf_udp_send_errors", st.sockperfUDPSendErrors.Load())
 }
 
@@ -241,6 +270,9 @@ var discardSink atomic.Uint32
 // timeout.
 var errServerIdle = errors.New("serve: connection idle")
 
+// errServerCap ends a connection at its reader's cap.
+var errServerCap = errors.New("serve: connection past its deadline")
+
 // serverReader reads a server's connection. For the stack's own
 // connections (*stack.TCPConn) it waits until the connection is readable
 // before the caller takes a buffer, and then reads what is there without
@@ -252,6 +284,12 @@ type serverReader struct {
 	idle time.Duration
 	st   *Stats
 	quit <-chan struct{} // closed when the server shuts down
+	// cap, if not zero, is a time no wait or read goes past, however
+	// the peer trickles (unlike the idle timeout, which each read
+	// re-arms): past it they return errServerCap, which the caller
+	// counts. The reading goroutine sets it between reads.
+	cap         time.Time
+	capDeadline bool // c's read deadline is the cap's (c not the stack's)
 
 	stop       chan struct{} // closed by abort
 	stopOnce   sync.Once
@@ -284,25 +322,40 @@ func (r *serverReader) abort() { r.stopOnce.Do(func() { close(r.stop) }) }
 
 // wait waits until the connection has data (or its end, or an error) to
 // read. It returns errServerIdle, counted, once the peer sent nothing for
-// the idle timeout, and net.ErrClosed after abort or the server's
-// shutdown.
+// the idle timeout, errServerCap once the cap is past (data there or
+// not), and net.ErrClosed after abort or the server's shutdown.
 func (r *serverReader) wait() error {
 	if r.tc == nil {
 		return nil // read blocks, under a deadline
 	}
+	capped := !r.cap.IsZero()
+	if capped && !time.Now().Before(r.cap) {
+		return errServerCap
+	}
 	var expired <-chan time.Time
 	for !r.tc.Readable() {
-		if r.idle > 0 && expired == nil {
+		if (r.idle > 0 || capped) && expired == nil {
+			d := r.idle
+			if capped {
+				if until := time.Until(r.cap); d <= 0 || until < d {
+					d = until
+				} else {
+					capped = false // the idle timeout comes first
+				}
+			}
 			if r.timer == nil {
-				r.timer = time.NewTimer(r.idle)
+				r.timer = time.NewTimer(d)
 			} else {
-				r.timer.Reset(r.idle)
+				r.timer.Reset(d)
 			}
 			expired = r.timer.C
 		}
 		select {
 		case <-r.ready:
 		case <-expired:
+			if capped {
+				return errServerCap
+			}
 			if r.tc.Readable() {
 				return nil
 			}
@@ -322,14 +375,27 @@ func (r *serverReader) wait() error {
 
 // read reads into buf: what is there without blocking for the stack's
 // connections (after wait; (0, nil) if nothing is), else a Read under the
-// idle deadline. The end of the stream is io.EOF.
+// idle deadline or the cap, whichever comes first (errServerCap at the
+// cap). The end of the stream is io.EOF.
 func (r *serverReader) read(buf []byte) (int, error) {
 	if r.tc == nil {
+		var dl time.Time
 		if r.idle > 0 {
-			r.c.SetReadDeadline(time.Now().Add(r.idle))
+			dl = time.Now().Add(r.idle)
 		}
+		capped := !r.cap.IsZero() && (dl.IsZero() || r.cap.Before(dl))
+		if capped {
+			dl = r.cap
+		}
+		if !dl.IsZero() || r.capDeadline {
+			r.c.SetReadDeadline(dl) // the zero time clears the cap's
+		}
+		r.capDeadline = capped
 		n, err := r.c.Read(buf)
 		if isTimeoutErr(err) {
+			if capped {
+				return n, errServerCap
+			}
 			r.st.idleTimeouts.Add(1)
 		}
 		return n, err
@@ -375,12 +441,49 @@ const (
 
 var echoBufs = sync.Pool{New: func() any { return new([echoBufSize]byte) }}
 
+// budget is memory that a server's connections share, in tokens of one
+// buffer each: a connection takes a token before it takes a buffer the
+// budget covers and gives it back after the buffer, so that what they hold
+// is at most cap(b) buffers (len(b) now). Safe for concurrent use.
+type budget chan struct{}
+
+// newBudget returns a budget of bytes in buffers of bufSize, and at least
+// min buffers.
+func newBudget(bytes, bufSize, min int) budget {
+	return make(budget, max(min, bytes/bufSize))
+}
+
+// tryTake takes a token if one is free, without waiting.
+func (b budget) tryTake() bool {
+	select {
+	case b <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// take waits for a token; it returns false, holding none, if stop or quit
+// is closed first.
+func (b budget) take(stop, quit <-chan struct{}) bool {
+	select {
+	case b <- struct{}{}:
+		return true
+	case <-stop:
+	case <-quit:
+	}
+	return false
+}
+
+// give gives back a token taken by tryTake or take.
+func (b budget) give() { <-b }
+
 // echoServer is Echo's state: budget holds a token for each buffer
 // its connections hold beyond their first.
 type echoServer struct {
 	cfg    Config
 	st     *Stats
-	budget chan struct{}
+	budget budget
 	share  int // buffers one connection may hold
 }
 
@@ -388,7 +491,7 @@ func newEchoServer(cfg *Config, st *Stats) *echoServer {
 	return &echoServer{
 		cfg:    *cfg,
 		st:     st,
-		budget: make(chan struct{}, cfg.echoMemory()/echoBufSize),
+		budget: newBudget(cfg.echoMemory(), echoBufSize, 0),
 		share:  max(2, cfg.echoConnMemory()/echoBufSize),
 	}
 }
@@ -482,13 +585,9 @@ func (e *echoServer) take(ec *echoConn, r *serverReader) *[echoBufSize]byte {
 			return buf
 		}
 		ok := ec.held == 0
-		if !ok && ec.held < e.share {
-			select {
-			case e.budget <- struct{}{}:
-				ec.tokens++
-				ok = true
-			default:
-			}
+		if !ok && ec.held < e.share && e.budget.tryTake() {
+			ec.tokens++
+			ok = true
 		}
 		if ok {
 			ec.held++
@@ -523,7 +622,7 @@ func (e *echoServer) release(ec *echoConn, buf *[echoBufSize]byte, busy bool) {
 		ec.held -= n
 		for ec.tokens > max(0, ec.held-1) {
 			ec.tokens--
-			<-e.budget
+			e.budget.give()
 		}
 		for _, b := range ec.free {
 			echoBufs.Put(b)
@@ -542,7 +641,7 @@ func (e *echoServer) release(ec *echoConn, buf *[echoBufSize]byte, busy bool) {
 // maxServerConns is Config.MaxConns's default. With it, what a
 // server holds in buffers is bounded whatever a peer opens: a read buffer
 // per running reader for discard, echoBufSize per connection with data
-// plus EchoMemory for echo.
+// plus EchoMemory for echo, SockperfMemory for sockperf.
 const maxServerConns = 4096
 
 // serve accepts connections on l and runs handle on each, within cfg's
@@ -554,9 +653,10 @@ func serve(l net.Listener, cfg *Config, st *Stats, handle func(c net.Conn, quit 
 		mu        sync.Mutex
 		conns     = map[net.Conn]struct{}{}
 		perSource = map[netip.Addr]int{}
+		perPrefix = map[netip.Prefix]int{}
 		quit      = make(chan struct{})
 	)
-	maxConns, maxPerSource := cfg.maxConns(), cfg.maxPerSource()
+	maxConns, maxPerSource, maxPerPrefix := cfg.maxConns(), cfg.maxPerSource(), cfg.maxPerPrefix()
 	defer func() {
 		close(quit)
 		mu.Lock()
@@ -575,22 +675,28 @@ func serve(l net.Listener, cfg *Config, st *Stats, handle func(c net.Conn, quit 
 			return err
 		}
 		src := sourceOf(c)
+		pfx := prefixOf(src)
 		mu.Lock()
 		full := len(conns) >= maxConns
 		srcFull := !full && src.IsValid() && perSource[src] >= maxPerSource
-		if !full && !srcFull {
+		pfxFull := !full && !srcFull && src.IsValid() && perPrefix[pfx] >= maxPerPrefix
+		if !full && !srcFull && !pfxFull {
 			conns[c] = struct{}{}
 			if src.IsValid() {
 				perSource[src]++
+				perPrefix[pfx]++
 			}
 		}
 		mu.Unlock()
-		if full || srcFull {
+		if full || srcFull || pfxFull {
 			c.Close()
-			if full {
+			switch {
+			case full:
 				st.connsRefused.Add(1)
-			} else {
+			case srcFull:
 				st.sourceRefused.Add(1)
+			default:
+				st.prefixRefused.Add(1)
 			}
 			continue
 		}
@@ -606,6 +712,9 @@ func serve(l net.Listener, cfg *Config, st *Stats, handle func(c net.Conn, quit 
 				if perSource[src]--; perSource[src] == 0 {
 					delete(perSource, src)
 				}
+				if perPrefix[pfx]--; perPrefix[pfx] == 0 {
+					delete(perPrefix, pfx)
+				}
 			}
 			mu.Unlock()
 			c.Close()
@@ -620,6 +729,18 @@ func sourceOf(c net.Conn) netip.Addr {
 		return a.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
+}
+
+// prefixOf returns the prefix that MaxConnsPerPrefix bounds for src (from
+// sourceOf): its /24 if IPv4, its /64 if IPv6; the zero Prefix if src is
+// not valid.
+func prefixOf(src netip.Addr) netip.Prefix {
+	bits := 64
+	if src.Is4() {
+		bits = 24
+	}
+	p, _ := src.Prefix(bits) // no error: bits is in range, and src unmapped
+	return p
 }
 
 // UDPDiscard reads datagrams from c until it is closed, counting

@@ -64,6 +64,14 @@ const (
 	sockperfUDPBuffer = iperf3UDPBuffer
 )
 
+// SockperfMessageTimeout is how long a TCP message may take from its
+// first byte to its last: the server closes a connection whose message is
+// not whole by then (sockperf_message_timeouts), however its bytes trickle
+// in, so that no peer holds a read buffer longer. sockperf's client sends
+// a message (at most 64 KiB) in one write, which arrives within
+// microseconds, or a few round trips under loss; 10 s is generous.
+const SockperfMessageTimeout = 10 * time.Second
+
 // sockperfVerdict is what sockperfFrame makes of the start of a buffer.
 type sockperfVerdict int
 
@@ -119,18 +127,27 @@ func sockperfReply(m []byte, st *Stats) bool {
 // clients at once within its Config's connection bounds.
 //
 // What it holds is bounded: a TCP connection holds a 64 KiB read buffer
-// only while it has data to look at or a partial message (counted in
-// server_buf_bytes_current; the idle timeout closes one whose peer stops
-// in the middle of a message), the UDP socket one buffer. Replies are
-// written from the read buffer, under the write timeout. A malformed
-// message closes its TCP connection (sockperf_bad_conns) or drops its
-// datagram (sockperf_bad_datagrams).
+// only while it has data to look at, replies to write or a partial
+// message, and those buffers come from a budget of Config.SockperfMemory
+// its connections share (server_buf_bytes_current); one with data to read
+// while the budget is taken waits for room, holding none
+// (sockperf_buffer_waits). A message not whole within
+// SockperfMessageTimeout of its first byte closes its connection
+// (sockperf_message_timeouts), as does the idle timeout a peer silent in
+// the middle of one. The UDP socket holds one buffer. Replies are written
+// from the read buffer, under the write timeout. A malformed message
+// closes its TCP connection (sockperf_bad_conns) or drops its datagram
+// (sockperf_bad_datagrams).
 type SockperfServer struct {
-	l    net.Listener   // nil: no TCP
-	u    net.PacketConn // nil: no UDP
-	cfg  Config
-	st   *Stats
-	once sync.Once
+	l      net.Listener   // nil: no TCP
+	u      net.PacketConn // nil: no UDP
+	cfg    Config
+	st     *Stats
+	budget budget // a token for each TCP connection's read buffer
+	// msgTimeout is SockperfMessageTimeout; tests shorten it before
+	// Serve.
+	msgTimeout time.Duration
+	once       sync.Once
 }
 
 // ListenSockperf listens on addr of s, TCP and UDP, for sockperf clients.
@@ -152,7 +169,11 @@ func ListenSockperf(s *stack.Stack, addr netip.AddrPort, cfg Config) (*SockperfS
 // NewSockperfServer returns a server on l and u, either of which may be
 // nil (no TCP, no UDP). It takes both: Close closes them.
 func NewSockperfServer(l net.Listener, u net.PacketConn, cfg Config) *SockperfServer {
-	return &SockperfServer{l: l, u: u, cfg: cfg, st: cfg.stats()}
+	return &SockperfServer{
+		l: l, u: u, cfg: cfg, st: cfg.stats(),
+		budget:     newBudget(cfg.sockperfMemory(), sockperfBufSize, 1),
+		msgTimeout: SockperfMessageTimeout,
+	}
 }
 
 // Addr is the TCP listening address (the UDP one if there is no TCP).
@@ -213,32 +234,52 @@ func boolInt(b bool) int {
 // sockperfBufs are the TCP connections' read buffers.
 var sockperfBufs = sync.Pool{New: func() any { return new([sockperfBufSize]byte) }}
 
-// tcp serves one connection: it reads into a buffer taken once data is
-// there, frames the messages in it, writes the replies of each read in
-// one write per run of adjacent replies, and keeps the buffer only while a
-// partial message is left.
+// tcp serves one connection: it reads into a buffer taken, with a budget
+// token, once data is there, frames the messages in it, writes the
+// replies of each read in one write per run of adjacent replies, and
+// keeps the buffer only while a partial message is left, at most
+// msgTimeout from that message's first byte (the reader's cap).
 func (srv *SockperfServer) tcp(c net.Conn, quit <-chan struct{}) {
 	st := srv.st
 	r := newServerReader(c, &srv.cfg, st, quit)
 	defer r.close()
 	var buf *[sockperfBufSize]byte
+	put := func() {
+		st.bufBytes.Add(-sockperfBufSize)
+		sockperfBufs.Put(buf)
+		buf = nil
+		srv.budget.give()
+	}
 	defer func() {
 		if buf != nil {
-			st.bufBytes.Add(-sockperfBufSize)
-			sockperfBufs.Put(buf)
+			put()
 		}
 	}()
 	wt := srv.cfg.writeTimeout()
 	end := 0 // buf[:end] holds a partial message
 	for {
 		if err := r.wait(); err != nil {
+			if errors.Is(err, errServerCap) {
+				st.sockperfMessageTimeouts.Add(1)
+			}
 			return
 		}
 		if buf == nil {
+			if !srv.budget.tryTake() {
+				st.sockperfBufferWaits.Add(1)
+				if !srv.budget.take(r.stop, quit) {
+					return
+				}
+			}
 			buf = sockperfBufs.Get().(*[sockperfBufSize]byte)
 			st.bufBytes.Add(sockperfBufSize)
 		}
+		prev := end
 		n, rerr := r.read(buf[end:])
+		if errors.Is(rerr, errServerCap) {
+			st.sockperfMessageTimeouts.Add(1)
+			return
+		}
 		end += n
 		start, bad, werr := srv.tcpMessages(c, buf[:end], wt)
 		if werr != nil {
@@ -259,11 +300,16 @@ func (srv *SockperfServer) tcp(c net.Conn, quit <-chan struct{}) {
 			}
 			return
 		}
+		if start < end && (start > 0 || prev == 0) {
+			// A message started in this read and is partial: it has
+			// msgTimeout to be whole. (One whole in its first read, as
+			// a client's usually is, costs no clock read.)
+			r.cap = time.Now().Add(srv.msgTimeout)
+		}
 		end = copy(buf[:], buf[start:end])
 		if end == 0 {
-			st.bufBytes.Add(-sockperfBufSize)
-			sockperfBufs.Put(buf)
-			buf = nil
+			r.cap = time.Time{}
+			put()
 		}
 	}
 }

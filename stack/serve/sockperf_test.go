@@ -88,11 +88,21 @@ func TestSockperfFrame(t *testing.T) {
 // into a fresh Stats; cleanup closes it and checks that Serve returns nil.
 func spServer(t *testing.T, rx *stack.Stack, cfg Config) (*SockperfServer, *Stats) {
 	t.Helper()
+	return spServerOn(t, rx, spAddr, cfg, nil)
+}
+
+// spServerOn is spServer on ap, calling set, if not nil, on the server
+// before it serves.
+func spServerOn(t *testing.T, rx *stack.Stack, ap netip.AddrPort, cfg Config, set func(*SockperfServer)) (*SockperfServer, *Stats) {
+	t.Helper()
 	st := new(Stats)
 	cfg.Stats = st
-	srv, err := ListenSockperf(rx, netip.MustParseAddrPort("192.0.2.1:11111"), cfg)
+	srv, err := ListenSockperf(rx, ap, cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if set != nil {
+		set(srv)
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
