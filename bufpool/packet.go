@@ -34,8 +34,9 @@ type Packet struct {
 	HeadOff uint32
 
 	// HdrLen is the length of the frame's headers (Ethernet, IP, L4) as
-	// the NIC parsed them. It may be more than len(Linear) when the header
-	// copy was shorter than the headers, or less when it took payload too.
+	// the NIC parsed them. It may be less than len(Linear) when the header
+	// copy took payload too; more only when the headers do not fit in the
+	// linear part (the driver pulls what a short copy missed, PullTail).
 	HdrLen int
 
 	// CsumVerified reports that every checksum of the frame was verified,
@@ -90,6 +91,39 @@ func (p *Packet) TakeHead(off int) Frag {
 	p.Head, p.HeadOff = nil, 0
 	p.Linear = p.linear[:0]
 	return f
+}
+
+// PullTail moves the first n bytes of the frags to the end of the linear
+// part, as __pskb_pull_tail does for pskb_may_pull, and returns how many
+// it moved: at most n, and no more than the frags hold and the linear part
+// has room for (its capacity: MaxLinear for the packet's own buffer). A
+// frag it empties is dropped with its page reference; Len and the chain
+// (Next) are left alone. A packet whose linear part is a head frag (Head
+// set) has no room: it moves nothing. It does not allocate.
+func (p *Packet) PullTail(n int) int {
+	if p.Head != nil {
+		return 0
+	}
+	n = min(n, cap(p.Linear)-len(p.Linear))
+	moved, empty := 0, 0
+	for ; empty < len(p.Frags) && moved < n; empty++ {
+		f := &p.Frags[empty]
+		c := min(n-moved, int(f.Len))
+		p.Linear = append(p.Linear, f.Bytes()[:c]...)
+		moved += c
+		f.Off += uint32(c)
+		f.Len -= uint32(c)
+		if f.Len > 0 {
+			break // n reached in this frag, which keeps the rest
+		}
+		f.Page.DecRef()
+	}
+	if empty > 0 {
+		k := copy(p.Frags, p.Frags[empty:])
+		clear(p.Frags[k:])
+		p.Frags = p.Frags[:k]
+	}
+	return moved
 }
 
 // CopyTo copies the frame into b and returns the count: the linear part,

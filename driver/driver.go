@@ -23,7 +23,9 @@
 //   - Nonlinear (mlx5e_skb_from_cqe_mpwrq_nonlinear): otherwise (LRO on, a
 //     larger MTU), frames go back to back on 64-byte strides, the HDS
 //     header copy goes into the packet's own linear buffer and the rest
-//     stays in the pages as frags. Counted as rx_skb_nonlinear.
+//     stays in the pages as frags; headers a short copy missed are pulled
+//     from them (pskb_may_pull, rx_hds_pull_bytes). Counted as
+//     rx_skb_nonlinear.
 //   - SHAMPO (mlx5e_skb_from_cqe_shampo, hardware GRO): headers from the
 //     header buffer, payloads as frags; a session packet closes when the
 //     CQE does not match, or when mlx5e_hw_gro_skb_has_enough_space fails

@@ -20,8 +20,10 @@ func (printer) Flush(more bool) time.Duration { return 0 }
 
 // A driver on one end of an in-memory wire receives an ARP request written
 // into the other end, behind its virtio-net header: the header copy (HDS
-// auto) takes the Ethernet header, the rest stays in the RX page. A program
-// gives New a TAP (driver.OpenTAP) instead.
+// auto) takes the Ethernet header, and the driver pulls the ARP header
+// behind it out of the RX page, as arp_rcv's pskb_may_pull would, so that
+// the headers are all in the linear part. A program gives New a TAP
+// (driver.OpenTAP) instead.
 func Example() {
 	nic, peer := driver.NewMemPair(64, driver.VirtioNetHdrLen+1518)
 	d, err := driver.New(nic, driver.Config{
@@ -51,6 +53,6 @@ func Example() {
 	d.Close() // stops the NIC model and the poll loop; the counters are final
 	fmt.Println("rx_packets", d.Stats().Packets.Load(), "rx_rq_stalls", d.Stats().RQStalls.Load())
 	// Output:
-	// 42 bytes, 14 in the linear part
+	// 42 bytes, 42 in the linear part
 	// rx_packets 1 rx_rq_stalls 0
 }

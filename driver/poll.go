@@ -139,7 +139,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	if n > uint32(d.cfg.Budget) {
 		n = uint32(d.cfg.Budget)
 	}
-	var bytes, hds, hdsPayload, linearOnly, frags, linear, hwgro uint64
+	var bytes, hds, hdsPull, hdsPayload, linearOnly, frags, linear, hwgro uint64
 	for i := uint32(0); i < n; i++ {
 		cqe := &d.cq[(cons+i)&d.mask]
 		if cqe.HWGRO {
@@ -169,8 +169,10 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 			}
 			pkt = d.buildLinear(cqe, f)
 		} else {
-			pkt = d.build(cqe)
-			hds += uint64(len(pkt.Linear))
+			var pulled int
+			pkt, pulled = d.build(cqe)
+			hds += uint64(len(pkt.Linear) - pulled)
+			hdsPull += uint64(pulled)
 			if h := cqe.Info.HeaderLen(); len(pkt.Linear) > h {
 				hdsPayload += uint64(len(pkt.Linear) - h)
 			}
@@ -207,6 +209,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 	st.Bytes.Add(bytes)
 	st.HDSBytes.Add(hds)
 	st.HDSPayload.Add(hdsPayload)
+	st.HDSPull.Add(hdsPull)
 	st.LinearOnly.Add(linearOnly)
 	st.SKBLinear.Add(linear)
 	st.SKBNonlinear.Add(uint64(n) - linear - hwgro)
@@ -259,12 +262,21 @@ func MinHeaderLen(fi *FrameInfo) int {
 // part, the rest of the frame left in place as frags. The CQE's page
 // references move to the packet.
 //
+// A header copy shorter than the headers the NIC parsed (Packet.HdrLen: a
+// fixed copy under them, or the estimate's, which leaves IP options and
+// IPv6 extension headers out) is completed from the frags, as
+// pskb_may_pull does for the kernel's readers (eth_type_trans, GRO's
+// skb_gro_header_slow, ip_rcv_core, tcp_v4_rcv, udp_rcv): every stage
+// after the driver (XDP, GRO, cpumap, the stack) finds the headers in the
+// linear part. build returns the packet and the bytes so pulled
+// (rx_hds_pull_bytes), which the copy (rx_hds_bytes) does not count.
+//
 // A tunnel frame is decapsulated here, as a tunnel driver pulls the outer
 // header off a received skb: of the header copy, the Ethernet header goes to
 // the linear part with the inner EtherType, the outer IPv6 header's bytes are
 // skipped, and the inner headers follow; the packet's length leaves the
 // outer header out.
-func (d *Driver) build(cqe *CQE) *Packet {
+func (d *Driver) build(cqe *CQE) (*Packet, int) {
 	pkt := bufpool.NewPacket()
 	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize
@@ -311,12 +323,20 @@ func (d *Driver) build(cqe *CQE) *Packet {
 		binary.BigEndian.PutUint16(lin[l2-2:], cqe.Info.EtherType)
 	}
 	pkt.Linear = lin
+	pulled := 0
+	if short := pkt.HdrLen - len(lin); short > 0 {
+		// At most the linear part's room (bufpool.MaxLinear): longer
+		// headers (IPv6 extension headers of a jumbo frame) stay partly
+		// in the frags, and the readers that need them pass the packet on
+		// unread, as they do any packet whose headers they cannot find.
+		pulled = pkt.PullTail(short)
+	}
 	if cqe.GSOSize > 0 && cqe.Info.L4 == L4UDP && pkt.Len > pkt.HdrLen {
 		// A UDP super-frame (Config.RxUSO) counts its datagrams, as
 		// dev_gro_receive takes gso_segs for NAPI_GRO_CB(skb)->count.
 		pkt.Segs = uint16((pkt.Len - pkt.HdrLen + int(cqe.GSOSize) - 1) / int(cqe.GSOSize))
 	}
-	return pkt
+	return pkt, pulled
 }
 
 // takeLinear takes a linear-RQ completion's frame (NFrags 1) as the frag

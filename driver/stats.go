@@ -37,6 +37,7 @@ type Stats struct {
 	Polls        atomic.Uint64 // rx_napi_polls: poll batches
 	HDSBytes     atomic.Uint64 // rx_hds_bytes: bytes copied into linear parts
 	HDSPayload   atomic.Uint64 // rx_hds_payload_bytes: payload bytes among them (seed 000's waste)
+	HDSPull      atomic.Uint64 // rx_hds_pull_bytes: header bytes pulled from the frags after a header copy shorter than the headers (pskb_may_pull)
 	LinearOnly   atomic.Uint64 // rx_linear_packets: packets that fit entirely in the linear part
 	PacketFrags  atomic.Uint64 // rx_frags: payload frags handed up
 	SKBLinear    atomic.Uint64 // rx_skb_linear: packets built over their stride, no copy (mlx5e_skb_from_cqe_mpwrq_linear)
@@ -84,6 +85,7 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_tunnel_decap", s.TunnelDecap.Load())
 	fn("rx_hds_bytes", s.HDSBytes.Load())
 	fn("rx_hds_payload_bytes", s.HDSPayload.Load())
+	fn("rx_hds_pull_bytes", s.HDSPull.Load())
 	fn("rx_linear_packets", s.LinearOnly.Load())
 	fn("rx_frags", s.PacketFrags.Load())
 	fn("rx_skb_linear", s.SKBLinear.Load())

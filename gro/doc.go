@@ -89,9 +89,13 @@
 //     GRO (NETIF_F_GRO_FRAGLIST), no BIG TCP: merged packets end at 64 KB
 //     (GRO_LEGACY_MAX_SIZE) or MaxSize.
 //   - IPv6 extension headers are compared by a 64-bit hash, not memcmp.
-//   - A header copy shorter than the headers, or a HdrLen the NIC parsed
-//     otherwise, flushes the flow and goes up (the kernel would pull the
-//     headers from the frags and merge).
+//   - A packet whose linear part holds less than its headers, or whose
+//     HdrLen the NIC parsed otherwise, flushes the flow and goes up (the
+//     kernel's skb_gro_header_slow would pull the headers from the frags
+//     and merge). ustack's driver never hands up such a packet: it pulls
+//     what a short header copy missed before GRO runs, as pskb_may_pull
+//     does, so its packets merge as the kernel's do; headers longer than
+//     the linear part's room (bufpool.MaxLinear) are the exception.
 //   - FlushTimeout flushes what is held that long at a batch end; the
 //     kernel's gro_flush_timeout flushes, at each napi_complete_done, what
 //     was held since an earlier jiffy.

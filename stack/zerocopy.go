@@ -11,6 +11,7 @@ import (
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/hdr"
 )
 
 // Zero copy (Config.ZeroCopy) is DESIGN.md's second way of getting payload
@@ -32,7 +33,9 @@ import (
 // viewMemory is a bufpool.Memory of gVisor buffer chunks: each page is a
 // view owning one reference on a chunk of exactly the page's size (chunks
 // come in powers of two up to buffer.MaxChunkSize, as pages do). It indexes
-// the chunks it handed out by address, for ReadViews.
+// the chunks it handed out by address, for ReadViews. One viewMemory backs
+// the pools of every queue of a stack (Config.Queues), so that one index
+// covers them all; its methods are safe from any goroutine.
 type viewMemory struct {
 	mu sync.Mutex
 	// +checklocks:mu
@@ -285,22 +288,32 @@ func (l *lendStats) lendAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 func (l *lendStats) l2Len() int { return linkLen(l.l3) }
 
 // isIPFragment reports whether frame, an Ethernet frame's first bytes (its
-// linear part; with l2 0 a TUN's frame, from its IP header), holds an IPv4 fragment (MF set or a fragment offset) or an
-// IPv6 packet whose first extension header is a Fragment header (RFC 8200
-// section 4.5). A linear part too short to tell says no.
+// linear part; with l2 0 a TUN's frame, from its IP header), holds an IPv4
+// fragment (MF set or a fragment offset) or an IPv6 packet with a Fragment
+// header anywhere in its extension header chain (RFC 8200 section 4.5),
+// which it walks as ipv6_skip_exthdr does (hdr.IPv6SkipExtHdrs). A frame
+// too short for its link and fixed IP headers says no; an IPv6 chain that
+// runs past frame or the walk's bound says yes, so that what gVisor might
+// hold for reassembly is copied rather than lent. It never panics.
 func isIPFragment(frame []byte, l2 int) bool {
 	const eth = header.EthernetMinimumSize
 	typ, off := netProto(frame, l2), l2
 	if l2 > 0 && typ == 0x8100 && len(frame) >= eth+4 { // an 802.1Q tag left in place
 		typ, off = tcpip.NetworkProtocolNumber(frame[eth+2])<<8|tcpip.NetworkProtocolNumber(frame[eth+3]), eth+4
 	}
+	if len(frame) < off {
+		return false
+	}
 	ip := frame[off:]
 	switch typ {
 	case header.IPv4ProtocolNumber:
-		h := header.IPv4(ip)
-		return len(ip) >= header.IPv4MinimumSize && (h.More() || h.FragmentOffset() != 0)
+		return len(ip) >= header.IPv4MinimumSize && hdr.IsIPv4Fragment(ip)
 	case header.IPv6ProtocolNumber:
-		return len(ip) >= header.IPv6MinimumSize && header.IPv6(ip).NextHeader() == uint8(header.IPv6FragmentHeader)
+		if len(ip) < header.IPv6MinimumSize {
+			return false
+		}
+		nh, _, ok := hdr.IPv6SkipExtHdrs(ip)
+		return !ok || nh == uint8(header.IPv6FragmentExtHdrIdentifier)
 	}
 	return false
 }

@@ -13,6 +13,9 @@
 //     buffer.Buffer and allocates; the parsers walk a []byte without
 //     allocating, each with its own acceptance rules (see their docs), and
 //     use these views for the field reads;
+//   - IPv6SkipExtHdrs: the chain walk of the kernel's ipv6_skip_exthdr,
+//     for readers that only need where it ends (a Fragment header behind
+//     others, say);
 //   - IsIPv4Fragment: MF or a fragment offset, in one load;
 //   - IPv4HeaderSum: the checksum of the fixed 20-byte IPv4 header,
 //     unrolled (gVisor's is generic over any length).
@@ -22,7 +25,11 @@
 // views here do not check bounds: the caller checks the length first.
 package hdr
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
 
 // VLAN tags (IEEE 802.1Q), between the source address and the EtherType:
 //
@@ -79,6 +86,49 @@ func (b IPv6Ext) Len() int { return (int(b[1]) + 1) * 8 }
 // AHLen returns the length in bytes of an authentication header: its
 // Payload Len counts 4-octet units, minus 2 (RFC 4302 section 2.2).
 func (b IPv6Ext) AHLen() int { return (int(b[1]) + 2) * 4 }
+
+// IPv6SkipExtHdrs walks the extension header chain of the IPv6 packet ip
+// (from its fixed header on) as the kernel's ipv6_skip_exthdr does: past
+// hop-by-hop options, routing, destination options and authentication
+// headers, in any order, to the first header of another type. It returns
+// that header's type and its offset in ip. Unlike ipv6_skip_exthdr it
+// stops at a Fragment header (44), which it returns as such, so that a
+// fragment behind other extension headers is seen. ok is false when ip is
+// shorter than the fixed header, when a header of the chain runs past ip,
+// or when the chain holds more than MaxIPv6ExtHdrs headers: then what
+// follows is unknown. It checks every bound and reads no more than the
+// chain.
+func IPv6SkipExtHdrs(ip []byte) (nh uint8, off int, ok bool) {
+	if len(ip) < header.IPv6MinimumSize {
+		return 0, 0, false
+	}
+	nh, off = header.IPv6(ip).NextHeader(), header.IPv6MinimumSize
+	for n := 0; ; n++ {
+		var hlen int
+		switch header.IPv6ExtensionHeaderIdentifier(nh) {
+		case header.IPv6HopByHopOptionsExtHdrIdentifier, header.IPv6RoutingExtHdrIdentifier,
+			header.IPv6DestinationOptionsExtHdrIdentifier:
+			if len(ip)-off < 2 {
+				return 0, 0, false
+			}
+			hlen = IPv6Ext(ip[off:]).Len()
+		case header.IPv6AuthenticationExtHdrIdentifier:
+			if len(ip)-off < 2 {
+				return 0, 0, false
+			}
+			hlen = IPv6Ext(ip[off:]).AHLen()
+		default:
+			// The upper-layer header, a Fragment header, or one
+			// ipv6_skip_exthdr does not step over (ESP, no next header).
+			return nh, off, true
+		}
+		if n == MaxIPv6ExtHdrs || len(ip)-off < hlen {
+			return 0, 0, false
+		}
+		nh = IPv6Ext(ip[off:]).NextHeader()
+		off += hlen
+	}
+}
 
 // IsIPv4Fragment reports whether the IPv4 header ip (at least 8 bytes long)
 // is a fragment's: MF set or a fragment offset other than 0 (RFC 791
