@@ -24,7 +24,7 @@ const (
 	DropBadIPCsum             // IPv4 header checksum wrong
 	DropBadL4Csum             // TCP/UDP/ICMP checksum wrong
 	DropBadVnetHdr            // virtio-net header inconsistent (csum_start/offset outside the frame, unknown flags, GSO without NEEDS_CSUM)
-	DropBadGSO                // GSO type unknown/unsupported or not matching the frame, GSO size 0 or larger than the frame, too many segments
+	DropBadGSO                // GSO type unknown/unsupported or not matching the frame, GSO size 0 or larger than the frame, too many segments (UDP: more than UDPMaxSegments)
 	DropOtherHost             // unicast frame for another MAC
 	DropMulticast             // multicast group not joined
 	DropNoBuffer              // no RX buffer

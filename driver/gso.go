@@ -19,6 +19,26 @@ const (
 	maxGSOHeaderLen = 256
 )
 
+// UDPMaxSegments is UDP_MAX_SEGMENTS: the most datagrams one UDP GSO
+// super-frame (VIRTIO_NET_HDR_GSO_UDP_L4) may hold. virtio_net_hdr_to_skb
+// refuses a header whose payload passes gso_size times it (-EINVAL), so
+// that __udp_gso_segment never cuts a received super-frame into more, and
+// udp_send_skb refuses a UDP_SEGMENT send of more. 128 since Linux 6.11
+// ("net: change maximum number of UDP segments to 128"), 64 before.
+const UDPMaxSegments = 128
+
+// udpGSOTooMany reports whether a UDP super-frame parsed into fi holds
+// more datagrams of gsoSize bytes than UDPMaxSegments, as
+// virtio_net_hdr_to_skb checks a VIRTIO_NET_HDR_GSO_UDP_L4 header: the
+// payload past gso_size * UDP_MAX_SEGMENTS. That is also the least
+// gso_size a payload may come in: a tiny one meant to multiply the work a
+// frame costs is refused. The payload is counted by the IP length:
+// Ethernet padding after it makes no datagram.
+func udpGSOTooMany(gsoSize uint16, fi *FrameInfo) bool {
+	payload := fi.IPLen - fi.L3Len - fi.L4Len
+	return payload > int(gsoSize)*UDPMaxSegments
+}
+
 // TCP flag bits in byte 13 of the TCP header.
 const (
 	tcpFlagFIN = 0x01

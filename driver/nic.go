@@ -357,11 +357,17 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 		n.dropped(DropBadVnetHdr)
 		return
 	}
+	gt := h.GSOType &^ VirtioNetHdrGSOECN
+	if gt == VirtioNetHdrGSOUDPL4 && fi.L4 == L4UDP && udpGSOTooMany(h.GSOSize, fi) {
+		// virtio_net_hdr_to_skb: more than UDP_MAX_SEGMENTS datagrams,
+		// whether placed whole (RxUSO) or cut here.
+		n.dropped(DropBadGSO)
+		return
+	}
 	if drop := VerifyChecksums(frame, fi, false); drop != DropNone {
 		n.dropped(drop)
 		return
 	}
-	gt := h.GSOType &^ VirtioNetHdrGSOECN
 	lro := n.d.cfg.LRO && fi.L4 == L4TCP && (gt == VirtioNetHdrGSOTCPv4 || gt == VirtioNetHdrGSOTCPv6)
 	uso := n.d.cfg.RxUSO && fi.L4 == L4UDP && gt == VirtioNetHdrGSOUDPL4
 	if (lro || uso) && h.GSOSize > 0 {

@@ -283,6 +283,7 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 		buf.Release()
 		return
 	}
+	trimIPv6(&buf, e.l2Len())
 	pb := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buf})
 	defer pb.DecRef()
 	var proto tcpip.NetworkProtocolNumber
@@ -304,6 +305,26 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 	d.DeliverNetworkPacket(proto, pb)
 }
 
+// trimIPv6 cuts buf, a frame whose IP header is at l2, to the end of its
+// IPv6 packet (the fixed header and the payload length), as ipv6_rcv trims
+// an skb to payload_len (pskb_trim_rcsum) before it parses the extension
+// headers. gVisor's parser (header/parse.IPv6) takes the extension headers
+// off first and then caps the rest at the payload length, which counts
+// them too: without the cut, as many bytes after the packet (Ethernet
+// padding, or whatever a TAP's sender appended) as the extension headers
+// hold would become TCP or UDP payload. An IPv4 packet is left alone:
+// gVisor trims it to its total length itself. No allocation.
+func trimIPv6(buf *buffer.Buffer, l2 int) {
+	var h [ethLen + 6]byte // the Ethernet header, the IPv6 header to its payload length
+	b := h[:l2+6]
+	if n, _ := buf.ReadAt(b, 0); n < len(b) || netProto(b, l2) != header.IPv6ProtocolNumber {
+		return
+	}
+	if end := int64(l2 + header.IPv6MinimumSize + int(header.IPv6(b[l2:]).PayloadLength())); buf.Size() > end {
+		buf.Truncate(end)
+	}
+}
+
 // chainHeaders returns the header bytes of the packets chained behind p,
 // which are not delivered: their payload continues p's.
 func chainHeaders(p *driver.Packet) int {
@@ -312,14 +333,6 @@ func chainHeaders(p *driver.Packet) int {
 		n += min(q.HdrLen, q.Len)
 	}
 	return n
-}
-
-// writeAfter writes p's bytes from offset skip on, and its chain's
-// payload (bufpool.Packet.Walk), to v.
-func writeAfter(v *buffer.View, p *driver.Packet, skip int) {
-	for w := p.Walk(skip); w.Next(); {
-		v.Write(w.Bytes())
-	}
 }
 
 // copyViewsAfter copies p's bytes from offset skip on, and its chain's payload

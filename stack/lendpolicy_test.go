@@ -164,11 +164,13 @@ func btoi(b bool) int {
 	return 0
 }
 
+// ipv6FragHeader is the headers of an IPv6 first fragment of 1448 payload
+// bytes (the length TestLendIPFragment delivers behind it).
 func ipv6FragHeader() []byte {
 	b := make([]byte, header.EthernetMinimumSize+header.IPv6MinimumSize+header.IPv6FragmentHeaderSize)
 	header.Ethernet(b).Encode(&header.EthernetFields{Type: header.IPv6ProtocolNumber})
 	header.IPv6(b[header.EthernetMinimumSize:]).Encode(&header.IPv6Fields{
-		PayloadLength: header.IPv6FragmentHeaderSize, TransportProtocol: header.IPv6FragmentHeader, HopLimit: 64,
+		PayloadLength: header.IPv6FragmentHeaderSize + 1448, TransportProtocol: header.IPv6FragmentHeader, HopLimit: 64,
 	})
 	return b
 }

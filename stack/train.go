@@ -76,9 +76,11 @@ const (
 )
 
 // ListenUDPTrains binds a train socket to addr (an unspecified address
-// takes every address of the stack). The port must not be bound by another
-// TrainConn; a gVisor UDP socket on the same port receives nothing while the
-// TrainConn is open.
+// takes every address of the stack, its subnets' broadcast addresses and
+// the groups it joined, never another host's: see localAddrs). The port
+// must not be bound by another TrainConn; a gVisor UDP socket on the same
+// port receives nothing while the TrainConn is open but the datagrams that
+// came as IP fragments, which gVisor reassembles.
 func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 	if addr.Port() == 0 {
 		return nil, errors.New("listen udp trains: port 0")
@@ -165,12 +167,19 @@ func (c *TrainConn) Close() error {
 
 // trainTable maps local UDP ports to train sockets. It is read by the poll
 // loop for every UDP packet, so reads take no lock: writers publish a new
-// map.
+// map, after the stack's local addresses (local), which a reader that
+// found a map may read.
 type trainTable struct {
-	mu  sync.Mutex
-	m   atomic.Pointer[map[uint16]*TrainConn]
-	drv *driver.Driver // the packets' driver, for their truesize; set before use
-	l3  bool           // the packets are a TUN's, without an Ethernet header
+	mu    sync.Mutex
+	m     atomic.Pointer[map[uint16]*TrainConn]
+	local atomic.Pointer[localAddrs]
+	drv   *driver.Driver // the packets' driver, for their truesize; set before use
+	l3    bool           // the packets are a TUN's, without an Ethernet header
+	// malformed counts the UDP packets dropped for a UDP length under 8
+	// or past the IP payload, or a train of more than
+	// driver.UDPMaxSegments datagrams, by deliver and splitUDP
+	// (udp_malformed, with gVisor's own).
+	malformed atomic.Uint64
 }
 
 func (t *trainTable) l2Len() int { return linkLen(t.l3) }
@@ -189,6 +198,9 @@ func (t *trainTable) add(c *TrainConn) error {
 		return errors.New("port in use")
 	}
 	m[c.port] = c
+	// The addresses as they are now: those of Config (the wire's and the
+	// tunnel's) and any added to gVisor since.
+	t.local.Store(newLocalAddrs(c.s.ip.AllAddresses()))
 	t.m.Store(&m)
 	return nil
 }
@@ -210,7 +222,13 @@ func (t *trainTable) remove(c *TrainConn) {
 }
 
 // deliver hands p to a train socket if one is bound to its destination, and
-// reports whether it did (then p has been released).
+// reports whether it did (then p has been released). The socket gets what
+// udp4_lib_lookup would give it after ip_route_input: a UDP packet, not a
+// fragment (udpHeaders), for one of the stack's addresses, broadcast
+// addresses or groups (localAddrs), and the socket's address if it is
+// bound to one. A packet for the socket whose UDP length is wrong
+// (udpPayloadLen), or a train of more than driver.UDPMaxSegments
+// datagrams, is dropped and counted instead.
 func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	mp := t.m.Load()
 	if mp == nil || len(*mp) == 0 {
@@ -225,8 +243,17 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	if c == nil {
 		return false
 	}
+	src, dst := ipAddrs(l[l3:])
+	if !t.local.Load().has(src, dst) {
+		return false // gVisor drops it: ip_invalid_dst
+	}
 	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != udpDest(l, l3) {
 		return false
+	}
+	if n, ok := udpPayloadLen(p, l3, l4); !ok || udpSegments(p, n) > driver.UDPMaxSegments {
+		t.malformed.Add(1)
+		p.Release()
+		return true
 	}
 	// __udp_enqueue_schedule_skb: drop the train if the queue already
 	// holds more than the receive buffer, else charge it and queue it (so

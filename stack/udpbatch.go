@@ -264,7 +264,7 @@ func (c *TrainConn) take(p *bufpool.Packet) {
 	l3, l4, _ := udpHeaders(p, c.s.ep.l2Len()) // checked when queued
 	b.cur = p
 	b.hdrLen = l4 + header.UDPMinimumSize
-	b.total = p.TotalLen() - chainHeaders(p) - b.hdrLen
+	b.total, _ = udpPayloadLen(p, l3, l4) // by the headers: not the padding after
 	b.segLen = int(p.GSOSize)
 	if p.Segs < 2 || b.segLen == 0 || b.segLen > b.total {
 		b.segLen = b.total
@@ -318,7 +318,7 @@ func (b *batchState) consume(bufs [][]byte, n int) int {
 // port to its Addr, in order, and returns how many messages it sent
 // (sendmmsg), setting each sent message's N. A message with SegSize set is
 // several datagrams of SegSize bytes each (the last may be shorter), as
-// with Linux's UDP_SEGMENT (udp_send_skb; at most 64 of them, as
+// with Linux's UDP_SEGMENT (udp_send_skb; at most 128 of them, as
 // UDP_MAX_SEGMENTS), so that a batch read with SetGRO can be echoed as it
 // is. WriteBatch waits while gVisor's send buffer is full, and stops at the
 // first message that fails, returning the count before it with the error
@@ -541,9 +541,9 @@ func encodeUDPGSO(b []byte, srcMAC, dstMAC tcpip.LinkAddress, src, dst tcpip.Add
 // udpChecksumOffset is where the checksum sits in a UDP header (RFC 768).
 const udpChecksumOffset = 6
 
-// udpMaxSegments is UDP_MAX_SEGMENTS: udp_send_skb refuses a UDP_SEGMENT
-// send of more datagrams than that with EINVAL.
-const udpMaxSegments = 64
+// udpMaxSegments is UDP_MAX_SEGMENTS (driver.UDPMaxSegments): udp_send_skb
+// refuses a UDP_SEGMENT send of more datagrams than that with EINVAL.
+const udpMaxSegments = driver.UDPMaxSegments
 
 // write1 sends the next datagram of t.pay, waiting while the send buffer
 // is full, until done is closed.

@@ -8,6 +8,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/driver"
 )
 
 // udpTrain reports whether p is a UDP packet that aggregates several
@@ -19,6 +20,16 @@ func udpTrain(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
 	return udpHeaders(p, l2)
 }
 
+// udpSegments returns the datagrams in p, a UDP packet of n payload bytes
+// (udpPayloadLen): a train's (udpTrain) n cut in GSOSize pieces, at least
+// one; else one.
+func udpSegments(p *bufpool.Packet, n int) int {
+	if p.Segs < 2 || p.GSOSize == 0 {
+		return 1
+	}
+	return max((n+int(p.GSOSize)-1)/int(p.GSOSize), 1)
+}
+
 // splitUDP hands a UDP train to gVisor as the datagrams it was made of, as
 // the kernel's udp_queue_rcv_skb does through udp_rcv_segment
 // (__udp_gso_segment) for a socket without UDP_GRO: the payload is copied
@@ -27,17 +38,34 @@ func udpTrain(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
 // it is: GRO merges only verified datagrams, and gVisor takes receive
 // checksums as offloaded) and a clone of its part of that view. pcap
 // records the train once, as it came. The caller keeps p.
+//
+// The payload is what the headers say (udpPayloadLen), not the frame's
+// length: padding after the IP packet makes no datagram. A train whose UDP
+// length is wrong, or that would make more than driver.UDPMaxSegments
+// datagrams, is dropped and counted (udp_malformed): the driver refuses
+// such a USO super-frame (virtio_net_hdr_to_skb) and GRO makes no train of
+// more than UDP_GRO_CNT_MAX (64), so none should come, but nothing that
+// does may cost more than that many deliveries.
 func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
+	total, ok := udpPayloadLen(p, l3, l4)
+	if !ok || udpSegments(p, total) > driver.UDPMaxSegments {
+		e.trains.malformed.Add(1)
+		return
+	}
 	hdrLen := l4 + header.UDPMinimumSize
-	total := p.TotalLen() - chainHeaders(p) - hdrLen
 	all := buffer.NewView(total)
-	writeAfter(all, p, hdrLen)
+	for w, left := p.Walk(hdrLen), total; left > 0 && w.Next(); {
+		b := w.Bytes()
+		b = b[:min(len(b), left)]
+		all.Write(b)
+		left -= len(b)
+	}
 	if e.pcap != nil {
 		e.pcap.WriteFrame(time.Now(), p.Linear[:hdrLen], all.AsSlice())
 	}
 	gso := int(p.GSOSize)
 	v4 := isIPv4(p.Linear[l3:])
-	for off := 0; off < total; off += gso {
+	for off := 0; off == 0 || off < total; off += gso { // an empty datagram too
 		n := min(gso, total-off)
 		hv := buffer.NewViewWithData(p.Linear[:hdrLen])
 		h := hv.AsSlice()

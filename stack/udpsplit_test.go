@@ -19,8 +19,12 @@ type udpFrameSpec struct {
 	ipOpts   bool                          // IPv4: a router alert option (IHL 6)
 	proto    tcpip.TransportProtocolNumber // 0: UDP
 	src, dst netip.AddrPort
-	payload  int // the UDP length field's payload
+	payload  int  // the UDP length field's payload
+	hbh      bool // IPv6: a hop-by-hop options header (PadN) before the UDP header
 }
+
+// hbhLen is the length of udpFrameSpec.hbh's header.
+const hbhLen = 8
 
 var (
 	udpSrc4 = netip.MustParseAddrPort("192.0.2.2:5555")
@@ -41,6 +45,9 @@ func udpHeaderFrame(s udpFrameSpec) []byte {
 		opts = header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}
 	}
 	ipLen := header.IPv6MinimumSize
+	if s.hbh {
+		ipLen += hbhLen
+	}
 	et := header.IPv6ProtocolNumber
 	if !s.v6 {
 		ipLen = header.IPv4MinimumSize + int(opts.Length())
@@ -55,9 +62,14 @@ func udpHeaderFrame(s udpFrameSpec) []byte {
 	src, dst := tcpip.AddrFromSlice(s.src.Addr().AsSlice()), tcpip.AddrFromSlice(s.dst.Addr().AsSlice())
 	if s.v6 {
 		header.IPv6(b[header.EthernetMinimumSize:]).Encode(&header.IPv6Fields{
-			PayloadLength: uint16(ulen), TransportProtocol: proto, HopLimit: 64,
+			PayloadLength: uint16(ipLen - header.IPv6MinimumSize + ulen), TransportProtocol: proto, HopLimit: 64,
 			SrcAddr: src, DstAddr: dst,
 		})
+		if s.hbh {
+			ext := b[header.EthernetMinimumSize+header.IPv6MinimumSize : l4]
+			copy(ext, []byte{uint8(proto), 0, 1, 4}) // PadN of 4 bytes
+			header.IPv6(b[header.EthernetMinimumSize:]).SetNextHeader(uint8(header.IPv6HopByHopOptionsExtHdrIdentifier))
+		}
 	} else {
 		ip := header.IPv4(b[header.EthernetMinimumSize:l4])
 		ip.Encode(&header.IPv4Fields{
@@ -90,6 +102,18 @@ func TestUDPHeaders(t *testing.T) {
 		{"ipv4-tcp", udpHeaderFrame(udpFrameSpec{proto: header.TCPProtocolNumber, src: udpSrc4, dst: udpDst4}), 0, netip.AddrPort{}, netip.Addr{}, 0},
 		{"ipv6-tcp", udpHeaderFrame(udpFrameSpec{v6: true, proto: header.TCPProtocolNumber, src: udpSrc6, dst: udpDst6}), 0, netip.AddrPort{}, netip.Addr{}, 0},
 		{"ipv6-ext-header", udpHeaderFrame(udpFrameSpec{v6: true, proto: tcpip.TransportProtocolNumber(header.IPv6RoutingExtHdrIdentifier), src: udpSrc6, dst: udpDst6}), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv4-first-fragment", ipv4Fragment(header.IPv4FlagMoreFragments, 0), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv4-later-fragment", ipv4Fragment(0, 24), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv6-fragment", udpHeaderFrame(udpFrameSpec{v6: true, proto: tcpip.TransportProtocolNumber(header.IPv6FragmentExtHdrIdentifier), src: udpSrc6, dst: udpDst6}), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv4-padded", append(udpHeaderFrame(udpFrameSpec{src: udpSrc4, dst: udpDst4}), make([]byte, 20)...), 34, udpSrc4, udpDst4.Addr(), 9},
+		{"ipv4-ip-length-past-frame", udpHeaderFrame(udpFrameSpec{src: udpSrc4, dst: udpDst4, payload: 1}), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv6-ip-length-past-frame", udpHeaderFrame(udpFrameSpec{v6: true, src: udpSrc6, dst: udpDst6, payload: 1}), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv6-hop-by-hop", udpHeaderFrame(udpFrameSpec{v6: true, hbh: true, src: udpSrc6, dst: udpDst6}), 62, udpSrc6, udpDst6.Addr(), 9},
+		{"ipv6-hop-by-hop-drop-option", ipv6Ext(header.IPv6HopByHopOptionsExtHdrIdentifier, 2, 0x41), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv6-dest-opts", ipv6Ext(header.IPv6DestinationOptionsExtHdrIdentifier, 2, 1), 62, udpSrc6, udpDst6.Addr(), 9},
+		{"ipv6-dest-opts-drop-option", ipv6Ext(header.IPv6DestinationOptionsExtHdrIdentifier, 2, 0x81), 0, netip.AddrPort{}, netip.Addr{}, 0},
+		{"ipv6-routing-no-segment-left", ipv6Ext(header.IPv6RoutingExtHdrIdentifier, 3, 0), 62, udpSrc6, udpDst6.Addr(), 9},
+		{"ipv6-routing-segment-left", ipv6Ext(header.IPv6RoutingExtHdrIdentifier, 3, 1), 0, netip.AddrPort{}, netip.Addr{}, 0},
 		{"ipv4-short-udp", udpHeaderFrame(udpFrameSpec{src: udpSrc4, dst: udpDst4})[:34+7], 0, netip.AddrPort{}, netip.Addr{}, 0},
 		{"ipv4-short-ip", udpHeaderFrame(udpFrameSpec{src: udpSrc4, dst: udpDst4})[:14+19], 0, netip.AddrPort{}, netip.Addr{}, 0},
 		{"ipv6-short-ip", udpHeaderFrame(udpFrameSpec{v6: true, src: udpSrc6, dst: udpDst6})[:14+39], 0, netip.AddrPort{}, netip.Addr{}, 0},
@@ -128,8 +152,85 @@ func TestUDPHeaders(t *testing.T) {
 	}
 }
 
-// TestUDPHeadersNoAllocs pins the train lookup's header reads, which
-// every UDP packet meets while a TrainConn is bound, at no allocation.
+// ipv4Fragment returns the headers of a UDP datagram as udpHeaderFrame
+// builds them, made an IPv4 fragment with flags and offset (in bytes).
+func ipv4Fragment(flags uint8, off uint16) []byte {
+	b := udpHeaderFrame(udpFrameSpec{src: udpSrc4, dst: udpDst4})
+	ip := header.IPv4(b[header.EthernetMinimumSize:])
+	ip.SetFlagsFragmentOffset(flags, off)
+	ip.SetChecksum(0)
+	ip.SetChecksum(^ip.CalculateChecksum())
+	return b
+}
+
+// ipv6Ext returns the headers of an IPv6 UDP datagram with an 8-byte
+// extension header id before the UDP header, its byte at (of the header)
+// set to v: an option's type at 2, a routing header's Segments Left at 3.
+func ipv6Ext(id header.IPv6ExtensionHeaderIdentifier, at int, v byte) []byte {
+	b := udpHeaderFrame(udpFrameSpec{v6: true, hbh: true, src: udpSrc6, dst: udpDst6})
+	const ext = header.EthernetMinimumSize + header.IPv6MinimumSize
+	header.IPv6(b[header.EthernetMinimumSize:]).SetNextHeader(uint8(id))
+	if id != header.IPv6HopByHopOptionsExtHdrIdentifier && id != header.IPv6DestinationOptionsExtHdrIdentifier {
+		clear(b[ext+2 : ext+hbhLen]) // no options
+	}
+	b[ext+at] = v
+	return b
+}
+
+// TestUDPPayloadLen pins udpPayloadLen: the payload by the IP and UDP
+// lengths, whatever follows the IP packet; a UDP length past the IP
+// payload, or under 8, is malformed.
+func TestUDPPayloadLen(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		v6, hbh   bool
+		payload   int // the IP header's payload after the UDP header
+		ulen      int // the UDP length field: 0 for 8+payload
+		pad       int // bytes after the IP packet
+		n         int
+		malformed bool
+	}{
+		{name: "exact", payload: 100, n: 100},
+		{name: "padded", payload: 100, pad: 46, n: 100},
+		{name: "ipv6-padded", v6: true, payload: 5, pad: 200, n: 5},
+		{name: "empty-padded", payload: 0, pad: 18, n: 0},
+		{name: "udp-length-short", payload: 100, ulen: 8 + 60, n: 60},
+		{name: "udp-length-past", payload: 100, ulen: 8 + 101, malformed: true},
+		{name: "ipv6-udp-length-past", v6: true, payload: 100, ulen: 8 + 101, malformed: true},
+		{name: "ipv6-hop-by-hop", v6: true, hbh: true, payload: 100, pad: 30, n: 100},
+		{name: "ipv6-hop-by-hop-udp-length-past", v6: true, hbh: true, payload: 100, ulen: 8 + 101, malformed: true},
+		{name: "udp-length-past-into-padding", payload: 100, ulen: 8 + 120, pad: 40, malformed: true},
+		{name: "udp-length-under-8", payload: 100, ulen: 7, malformed: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := udpFrameSpec{v6: tc.v6, hbh: tc.hbh, src: udpSrc4, dst: udpDst4, payload: tc.payload}
+			if tc.v6 {
+				spec.src, spec.dst = udpSrc6, udpDst6
+			}
+			p := bufpool.NewPacket()
+			defer p.Release()
+			p.Linear = append(p.Linear, udpHeaderFrame(spec)...)
+			l4 := len(p.Linear) - header.UDPMinimumSize
+			if tc.ulen != 0 {
+				header.UDP(p.Linear[l4:]).SetLength(uint16(tc.ulen))
+			}
+			p.Linear = append(p.Linear, make([]byte, tc.payload+tc.pad)...)
+			p.Len = len(p.Linear)
+			l3, gotL4, ok := udpHeaders(p, ethLen)
+			if !ok || gotL4 != l4 {
+				t.Fatalf("udpHeaders: l4 %d, ok %v; want %d, true", gotL4, ok, l4)
+			}
+			n, ok := udpPayloadLen(p, l3, l4)
+			if ok == tc.malformed || (ok && n != tc.n) {
+				t.Errorf("udpPayloadLen: %d, ok %v; want %d, malformed %v", n, ok, tc.n, tc.malformed)
+			}
+		})
+	}
+}
+
+// TestUDPHeadersNoAllocs pins the train lookup's header reads and checks
+// (udpHeaders, udpPayloadLen, localAddrs), which every UDP packet meets
+// while a TrainConn is bound, at no allocation.
 func TestUDPHeadersNoAllocs(t *testing.T) {
 	if testing.CoverMode() != "" || testutil.RaceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
@@ -138,10 +239,17 @@ func TestUDPHeadersNoAllocs(t *testing.T) {
 		p := bufpool.NewPacket()
 		p.Linear = append(p.Linear, udpHeaderFrame(s)...)
 		p.Len = len(p.Linear)
+		local := newLocalAddrs(map[tcpip.NICID][]tcpip.ProtocolAddress{nicID: {
+			{Protocol: header.IPv4ProtocolNumber, AddressWithPrefix: tcpip.AddrFrom4(udpDst4.Addr().As4()).WithPrefix()},
+			{Protocol: header.IPv6ProtocolNumber, AddressWithPrefix: tcpip.AddrFrom16(udpDst6.Addr().As16()).WithPrefix()},
+		}})
 		if a := testing.AllocsPerRun(500, func() {
 			l3, l4, ok := udpHeaders(p, ethLen)
 			if !ok || udpDest(p.Linear, l3) != s.dst.Addr() || udpSource(p.Linear, l3, l4) != s.src {
 				t.Fatal("headers misread")
+			}
+			if _, ok := udpPayloadLen(p, l3, l4); !ok || !local.has(ipAddrs(p.Linear[l3:])) {
+				t.Fatal("payload length or local address misread")
 			}
 		}); a != 0 {
 			t.Errorf("v6 %v: allocations per packet: got %v, want 0", s.v6, a)
@@ -201,6 +309,7 @@ func TestSplitUDP(t *testing.T) {
 		{"ipv4-options", udpFrameSpec{ipOpts: true, src: udpSrc4, dst: udpDst4}, 3, 1200, 0},
 		{"ipv6", udpFrameSpec{v6: true, src: udpSrc6, dst: udpDst6}, 4, 1000, 0},
 		{"ipv6-short-last", udpFrameSpec{v6: true, src: udpSrc6, dst: udpDst6}, 3, 1400, 1},
+		{"ipv6-hop-by-hop", udpFrameSpec{v6: true, hbh: true, src: udpSrc6, dst: udpDst6}, 4, 1000, 0},
 		{"ipv4-pages", udpFrameSpec{src: udpSrc4, dst: udpDst4}, 16, 1200, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -230,7 +339,7 @@ func TestSplitUDP(t *testing.T) {
 				}
 				if tc.spec.v6 {
 					ip := header.IPv6(d[header.EthernetMinimumSize:])
-					if got, want := int(ip.PayloadLength()), header.UDPMinimumSize+n; got != want {
+					if got, want := int(ip.PayloadLength()), l4-header.EthernetMinimumSize-header.IPv6MinimumSize+header.UDPMinimumSize+n; got != want {
 						t.Errorf("datagram %d: IPv6 payload length %d, want %d", i, got, want)
 					}
 				} else {

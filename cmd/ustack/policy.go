@@ -68,7 +68,7 @@ var policies = []policySwitch{
 		usage: "hand GSO super-frames from the TAP up whole, as hardware LRO; off: cut them into the MTU-sized frames the wire would have carried",
 		bind:  func(p *policy) any { return (*onOff)(&p.cfg.Driver.LRO) }},
 	{name: "rx-uso", values: "on|off", def: "off", kernel: "virtio-net guest USO (VIRTIO_NET_F_GUEST_USO4/6)",
-		usage: "hand UDP GSO super-frames from the TAP up whole, one packet per 64 datagrams, as virtio-net does (a UDP_GRO socket takes the train, others get it split); off: cut into datagrams, as a NIC receives them",
+		usage: "hand UDP GSO super-frames from the TAP up whole, one packet per super-frame (up to 128 datagrams, UDP_MAX_SEGMENTS), as virtio-net does (a UDP_GRO socket takes the train, others get it split); off: cut into datagrams, as a NIC receives them",
 		bind:  func(p *policy) any { return (*onOff)(&p.cfg.Driver.RxUSO) }},
 	{name: "wire", values: "offload|plain", def: "offload", kernel: "tun IFF_VNET_HDR and TUNSETOFFLOAD (CSUM, TSO, USO)",
 		usage: "the TAP's wire: ustack's own, with the virtio-net header and offloads (offload), or water's bare frames, one per read, no offloads: the NIC model verifies every checksum and the stack segments and checksums what it sends (plain; the only wire outside Linux)",
