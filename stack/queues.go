@@ -196,9 +196,11 @@ func SplitQueueCounter(name string) (base string, queue int, ok bool) {
 }
 
 // eachQueued yields the counters of every queue's driver, pool and GRO:
-// first their sums under the single-queue names (so that rx_packets is the
-// device's), then, with several queues, each queue's under
-// queueCounterName. With one queue it is the driver's own counters.
+// first their totals under the single-queue names (so that rx_packets is
+// the device's), each made by its kind (KindOf: sums, but the largest
+// queue's rx_pp_alloc_order and rx_gro_held_max), then, with several
+// queues, each queue's under queueCounterName. With one queue it is the
+// driver's own counters.
 func (s *Stack) eachQueued(fn func(name string, v uint64)) {
 	one := func(drv *driver.Driver, g *gro.Engine, fn func(string, uint64)) {
 		drv.Stats().Each(fn)
@@ -212,21 +214,12 @@ func (s *Stack) eachQueued(fn func(name string, v uint64)) {
 		one(s.drv, s.ep.gro, fn)
 		return
 	}
-	var names []string
-	sums := map[string]uint64{}
-	add := func(name string, v uint64) {
-		if _, ok := sums[name]; !ok {
-			names = append(names, name)
-		}
-		sums[name] += v
-	}
-	one(s.drv, s.ep.gro, add)
+	var tot counterTotals
+	one(s.drv, s.ep.gro, tot.add)
 	for _, q := range s.queues {
-		one(q.drv, q.gro, add)
+		one(q.drv, q.gro, tot.add)
 	}
-	for _, n := range names {
-		fn(n, sums[n])
-	}
+	tot.each("", fn)
 	one(s.drv, s.ep.gro, func(name string, v uint64) { fn(queueCounterName(name, 0), v) })
 	for i, q := range s.queues {
 		one(q.drv, q.gro, func(name string, v uint64) { fn(queueCounterName(name, i+1), v) })

@@ -1,16 +1,22 @@
 package stack
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 
-	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 )
@@ -38,14 +44,29 @@ func flowQueue(frame []byte, n int) int {
 		a, b = ip[8:24], ip[24:40]
 	}
 	l4 := frame[fi.L2Len+fi.L3Len:]
+	return hashQueue(n, a, l4[0:2], b, l4[2:4])
+}
+
+// hashQueue is flowQueue's hash: the sum of the addresses' and ports'
+// bytes, the same either way round, modulo n.
+func hashQueue(n int, parts ...[]byte) int {
 	var h uint32
-	for _, c := range append(append([]byte(nil), a...), l4[0], l4[1]) {
-		h += uint32(c)
-	}
-	for _, c := range append(append([]byte(nil), b...), l4[2], l4[3]) {
-		h += uint32(c)
+	for _, p := range parts {
+		for _, c := range p {
+			h += uint32(c)
+		}
 	}
 	return int(h) % n
+}
+
+// connQueue returns the queue of n the bridge gives c's flow.
+func connQueue(c net.Conn, n int) int {
+	var parts [][]byte
+	for _, a := range []net.Addr{c.LocalAddr(), c.RemoteAddr()} {
+		ap := a.(*net.TCPAddr).AddrPort()
+		parts = append(parts, ap.Addr().Unmap().AsSlice(), binary.BigEndian.AppendUint16(nil, ap.Port()))
+	}
+	return hashQueue(n, parts...)
 }
 
 func (br *queueBridge) start() {
@@ -106,33 +127,7 @@ func TestQueues(t *testing.T) {
 }
 
 func testQueues(t *testing.T, rxCfg Config, want string) {
-	a0, a0p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	a1, a1p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	b, bp := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
-	br := &queueBridge{peer: bp, queues: []*driver.MemWire{a0p, a1p}}
-	br.start()
-	t.Cleanup(func() {
-		for _, w := range []*driver.MemWire{a0p, a1p, bp} {
-			w.Close()
-		}
-		br.wg.Wait()
-	})
-	rxCfg.Wire, rxCfg.Queues, rxCfg.MAC = a0, []driver.Wire{a1}, [6]byte{2, 0, 0, 0, 0, 1}
-	rxCfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
-	rxCfg.Pool = bufpool.Config{Poison: true}
-	rx, err := New(rxCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := New(Config{Wire: b, MAC: [6]byte{2, 0, 0, 0, 0, 2}, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}})
-	if err != nil {
-		rx.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { peer.Close(); rx.Close() })
-	if rx.Queues() != 2 {
-		t.Fatalf("Queues: %d, want 2", rx.Queues())
-	}
+	rx, peer := newQueuePair(t, rxCfg)
 	// 16 flows: their ports are the peer's ephemeral ones, so each
 	// queue gets none of them with odds 2^-16 (with 6, 1 in 32 runs put
 	// every flow on one queue).
@@ -161,6 +156,122 @@ func testQueues(t *testing.T, rxCfg Config, want string) {
 	for q := range rx.Queues() {
 		if n := rx.QueueDriver(q).Pool().InUse(); n != 0 {
 			t.Errorf("queue %d: %d pages in use after Close", q, n)
+		}
+	}
+}
+
+// newQueuePair builds a receiver rxCfg on two queues of a queueBridge
+// (192.0.2.1, pools made by New) and a peer on its other side
+// (192.0.2.2). Cleanup closes both and the bridge.
+func newQueuePair(t *testing.T, rxCfg Config) (rx, peer *Stack) {
+	t.Helper()
+	a0, a0p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	a1, a1p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	b, bp := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	br := &queueBridge{peer: bp, queues: []*driver.MemWire{a0p, a1p}}
+	br.start()
+	t.Cleanup(func() {
+		for _, w := range []*driver.MemWire{a0p, a1p, bp} {
+			w.Close()
+		}
+		br.wg.Wait()
+	})
+	rxCfg.Wire, rxCfg.Queues, rxCfg.MAC = a0, []driver.Wire{a1}, [6]byte{2, 0, 0, 0, 0, 1}
+	rxCfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	rxCfg.Pool.Poison = true
+	rx, err := New(rxCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err = New(Config{Wire: b, MAC: [6]byte{2, 0, 0, 0, 0, 2}, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}})
+	if err != nil {
+		rx.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close(); rx.Close() })
+	if rx.Queues() != 2 {
+		t.Fatalf("Queues: %d, want 2", rx.Queues())
+	}
+	return rx, peer
+}
+
+// TestQueuesReadViews: with zero copy on two queues and coalescing hw-gro,
+// ReadViews maps whole pages of a flow on queue 1 as it does of one on
+// queue 0: every queue's pool hands out chunks of the one index mapPage
+// looks in.
+func TestQueuesReadViews(t *testing.T) {
+	const size = 4 << 20
+	rx, peer := newQueuePair(t, Config{ZeroCopy: true, Driver: driver.Config{HWGRO: driver.HWGROCoalesce}})
+	addr := netip.MustParseAddrPort("192.0.2.1:10")
+	l, err := rx.ListenTCP(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, q := range []int{1, 0} {
+		// Dial until the peer's ephemeral port puts the flow on queue q
+		// (each try does with odds 1/2).
+		var pc net.Conn
+		var c *TCPConn
+		for try := 0; pc == nil; try++ {
+			if try == 64 {
+				t.Fatalf("no flow on queue %d in 64 connections", q)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			d, err := peer.DialTCP(ctx, addr)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ac := acceptTCP(t, l)
+			if connQueue(d, 2) != q {
+				d.Close()
+				ac.Close()
+				continue
+			}
+			pc, c = d, ac
+		}
+		before := counterMap(rx)[queueCounterName("rx_packets", q)]
+		pc.SetDeadline(time.Now().Add(60 * time.Second))
+		want := make(chan [32]byte, 1)
+		go func() {
+			defer pc.Close()
+			sum, err := sendAndHash(pc, size, 64<<10, 7)
+			if err != nil {
+				sum = [32]byte{} // matches nothing: the receiver reports it
+			}
+			want <- sum
+		}()
+		h := sha256.New()
+		total := 0
+		vs := make([]View, 0, 64)
+		for {
+			var n int
+			vs, n, err = c.ReadViews(vs[:0], 1<<20)
+			for i := range vs {
+				h.Write(vs[i].Bytes())
+				vs[i].Release()
+			}
+			total += n
+			if err != nil {
+				break
+			}
+		}
+		if !errors.Is(err, io.EOF) {
+			t.Fatalf("queue %d: ReadViews: %v after %d bytes", q, err, total)
+		}
+		var got [32]byte
+		h.Sum(got[:0])
+		if w := <-want; got != w || total != size {
+			t.Fatalf("queue %d: %d bytes read, sha256 %x; want %d, %x", q, total, got, size, w)
+		}
+		if after := counterMap(rx)[queueCounterName("rx_packets", q)]; after-before < size/65536 {
+			t.Errorf("queue %d: rx%d_packets grew by %d during the transfer: the flow is not on it", q, q, after-before)
+		}
+		st := c.ViewStats()
+		t.Logf("queue %d: mapped %d, copied %d bytes", q, st.MappedBytes, st.CopiedBytes)
+		if st.MappedBytes < size/2 {
+			t.Errorf("queue %d: mapped %d of %d bytes with coalescing, want at least half", q, st.MappedBytes, size)
 		}
 	}
 }

@@ -233,7 +233,8 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 }
 
 // eachCPUMapGRO yields the cpumap workers' checksum counters
-// (cpumap_rx_csum_*) and their GRO counters summed, named cpumap_rx_gro_*.
+// (cpumap_rx_csum_*) and their GRO counters' totals (KindOf: sums, the
+// largest worker's rx_gro_held_max), named cpumap_rx_gro_*.
 func (e *linkEndpoint) eachCPUMapGRO(fn func(string, uint64)) {
 	if e.cpumap == nil {
 		return
@@ -243,17 +244,9 @@ func (e *linkEndpoint) eachCPUMapGRO(fn func(string, uint64)) {
 	if len(e.cpuGRO) == 0 {
 		return
 	}
-	var names []string
-	sums := map[string]uint64{}
+	var tot counterTotals
 	for _, g := range e.cpuGRO {
-		g.Stats().Each(func(name string, v uint64) {
-			if _, ok := sums[name]; !ok {
-				names = append(names, name)
-			}
-			sums[name] += v
-		})
+		g.Stats().Each(tot.add)
 	}
-	for _, n := range names {
-		fn("cpumap_"+n, sums[n])
-	}
+	tot.each("cpumap_", fn)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"strconv"
-	"strings"
 
 	"github.com/ustack/ustack/stack"
 
@@ -10,8 +9,9 @@ import (
 )
 
 // collector exports counters as Prometheus metrics, one per counter, named
-// ustack_<counter> (gauges for the few that are levels, such as
-// rx_pp_pages_in_use; counters otherwise). A queue's counter of a
+// ustack_<counter>, typed by the counter's kind (stack.KindOf: gauges for
+// levels such as rx_pp_pages_in_use and maxima such as rx_gro_held_max;
+// counters otherwise). A queue's counter of a
 // multi-queue stack (rx1_packets, q1_poll_cpu_ns) is
 // ustack_queue_<total's name> with a queue label:
 // ustack_queue_rx_packets{queue="1"}. each enumerates the counters:
@@ -38,22 +38,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if b, q, ok := stack.SplitQueueCounter(name); ok {
 			base, labels, metric = b, prometheus.Labels{"queue": strconv.Itoa(q)}, "ustack_queue_"+b
 		}
-		typ, help := prometheus.CounterValue, "ustack counter "+base+" (see docs/counters.md)."
-		if isGauge(base) {
-			typ = prometheus.GaugeValue
-		}
+		help := "ustack " + base + " (a " + stack.KindOf(base).String() + ", see docs/counters.md)."
 		desc := prometheus.NewDesc(metric, help, nil, labels)
-		ch <- prometheus.MustNewConstMetric(desc, typ, float64(v))
+		ch <- prometheus.MustNewConstMetric(desc, promType(base), float64(v))
 	})
 }
 
-// isGauge reports the counters that are levels rather than totals.
-func isGauge(name string) bool {
-	switch name {
-	case "rx_pp_pages_in_use", "rx_pp_bytes_held", "rx_pp_alloc_order", "tcp_established", "rx_gro_held_max":
-		return true
-	case "tcp_mem_committed_bytes", "tcp_mem_pressure", "tcp_mem_hard_limit":
-		return true
+// promType is the Prometheus type of counter name: a counter for the
+// counts that only grow, a gauge for levels and maxima (stack.KindOf).
+func promType(name string) prometheus.ValueType {
+	if stack.KindOf(name) == stack.KindCounter {
+		return prometheus.CounterValue
 	}
-	return strings.HasSuffix(name, "_current")
+	return prometheus.GaugeValue
 }

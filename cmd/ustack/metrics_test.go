@@ -18,8 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack"
 	"github.com/ustack/ustack/stack/serve"
 )
 
@@ -108,8 +110,8 @@ func TestTCPMemGauges(t *testing.T) {
 		"tcp_mem_committed_bytes": true, "tcp_mem_pressure": true, "tcp_mem_hard_limit": true,
 		"tcp_mem_pressure_entered": false, "tcp_mem_rcvbuf_shrinks": false, "rx_tcp_mem_drops": false,
 	} {
-		if got := isGauge(name); got != gauge {
-			t.Errorf("isGauge(%q): got %v, want %v", name, got, gauge)
+		if got := promType(name) == prometheus.GaugeValue; got != gauge {
+			t.Errorf("promType(%q) is a gauge: got %v, want %v", name, got, gauge)
 		}
 	}
 }
@@ -206,5 +208,100 @@ func TestCollectorQueues(t *testing.T) {
 		if got[key] != want {
 			t.Errorf("%s: got %q, want %s (all: %v)", key, got[key], want, got)
 		}
+	}
+}
+
+// TestCollectorKinds: the collector types each counter by its kind
+// (stack.KindOf): levels (gauges) and maxima are Prometheus gauges, per
+// queue too; counts that only grow are counters.
+func TestCollectorKinds(t *testing.T) {
+	want := map[string]bool{ // name -> exported as a gauge
+		"rx_packets":                     false,
+		"rx_pp_order_fallbacks":          false,
+		"rx_gro_skbs":                    false,
+		"rx_pp_pages_in_use":             true,
+		"rx_pp_lent_current":             true,
+		"tcp_established":                true,
+		"server_buf_bytes_current":       true,
+		"rx_pp_alloc_order":              true,
+		"rx_gro_held_max":                true,
+		"cpumap_rx_gro_held_max":         true,
+		"queue_rx_pp_alloc_order{1}":     true,
+		"queue_rx_gro_held_max{1}":       true,
+		"queue_rx_pp_order_fallbacks{1}": false,
+	}
+	each := func(fn func(string, uint64)) {
+		for name := range want {
+			if b, ok := strings.CutPrefix(name, "queue_"); ok {
+				name = "rx1" + strings.TrimSuffix(strings.TrimPrefix(b, "rx"), "{1}")
+			}
+			fn(name, 2)
+		}
+	}
+	got := gatherTypes(t, newCollector(each))
+	for name, gauge := range want {
+		if g, ok := got["ustack_"+name]; !ok || g != gauge {
+			t.Errorf("ustack_%s: gauge %v (exported %v), want gauge %v", name, g, ok, gauge)
+		}
+	}
+}
+
+// gatherTypes gathers c's metrics from a pedantic registry and returns
+// whether each is a gauge, keyed by name with {queue} for a queue label.
+func gatherTypes(t *testing.T, c prometheus.Collector) map[string]bool {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetValue() + "}"
+			}
+			got[key] = m.GetGauge() != nil
+		}
+	}
+	return got
+}
+
+// TestRunCountersQueues: a stack on two queues at page order 2 prints and
+// exports rx_pp_alloc_order 2, each queue's order, not their sum, and
+// exports it as a gauge.
+func TestRunCountersQueues(t *testing.T) {
+	a0, a0p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	a1, a1p := driver.NewMemPair(4096, driver.VirtioNetHdrLen+65535+18)
+	t.Cleanup(func() { a0p.Close(); a1p.Close() })
+	rx, err := stack.New(stack.Config{
+		Wire:   a0,
+		Queues: []driver.Wire{a1},
+		Addrs:  []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")},
+		Pool:   bufpool.Config{Order: 2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rx.Close() })
+	var st serve.Stats
+	var b strings.Builder
+	printCounters(&b, allCounters(rx, &st))
+	for _, line := range []string{"rx_pp_alloc_order: 2", "rx0_pp_alloc_order: 2", "rx1_pp_alloc_order: 2"} {
+		if !strings.Contains(b.String(), line+"\n") {
+			t.Errorf("printCounters: no %q in\n%s", line, b.String())
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(newCollector(rx.EachCounter)); err != nil {
+		t.Fatal(err)
+	}
+	want := "# HELP ustack_rx_pp_alloc_order ustack rx_pp_alloc_order (a max, see docs/counters.md).\n# TYPE ustack_rx_pp_alloc_order gauge\nustack_rx_pp_alloc_order 2\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ustack_rx_pp_alloc_order"); err != nil {
+		t.Error(err)
 	}
 }
