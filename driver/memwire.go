@@ -14,8 +14,6 @@ import (
 type MemWire struct {
 	rx, tx *memQueue // rx: frames for this end; tx: frames for the peer
 	pair   *memPair
-	// dropped counts frames this end's Write discarded.
-	dropped atomic.Uint64
 }
 
 // memPair is the state both ends share: closing either end closes both.
@@ -32,6 +30,9 @@ type memQueue struct {
 	free     chan []byte
 	full     chan []byte
 	maxFrame int
+	// dropped counts the frames written to the queue and discarded: the
+	// writer's Dropped, the reader's rx_wire_dropped.
+	dropped atomic.Uint64
 }
 
 func newMemQueue(depth, maxFrame int) *memQueue {
@@ -47,15 +48,35 @@ func newMemQueue(depth, maxFrame int) *memQueue {
 	return q
 }
 
+// Defaults of NewMemPair.
+const (
+	// memDefaultDepth is the frames a direction queues by default, what
+	// the tests' stack pairs (stacktest) use.
+	memDefaultDepth = 4096
+	// memDefaultFrame is the longest frame by default: a 64 KB GSO
+	// super-frame (an IP packet's 65535 bytes) behind an Ethernet header
+	// with a VLAN tag and the virtio-net header, what a stack with
+	// offloads sends.
+	memDefaultFrame = VirtioNetHdrLen + maxLROFrame
+)
+
 // NewMemPair returns two connected in-memory wires: frames written to one
 // are read from the other, in order for any one writer. depth is the number
 // of frames each direction can queue; a Write to a full queue drops the
 // frame (counted in the writer's Dropped) rather than blocking. Frames
-// longer than maxFrame bytes are dropped and counted the same way. depth
-// and maxFrame must be positive.
+// longer than maxFrame bytes (the virtio-net header included) are dropped
+// and counted the same way. A depth or maxFrame of 0 or less takes the
+// default: 4096 frames of up to VirtioNetHdrLen+65535+18 bytes, enough for
+// a stack's GSO super-frames. Each direction allocates depth*maxFrame
+// bytes (256 MiB with the defaults), of which the frames written touch
+// their length's pages. Each end reports maxFrame (MaxFrame), so that
+// stack.New refuses a wire too short for the stack's frames.
 func NewMemPair(depth, maxFrame int) (*MemWire, *MemWire) {
-	if depth <= 0 || maxFrame <= 0 {
-		panic("driver: NewMemPair: depth and maxFrame must be positive")
+	if depth <= 0 {
+		depth = memDefaultDepth
+	}
+	if maxFrame <= 0 {
+		maxFrame = memDefaultFrame
 	}
 	p := &memPair{closed: make(chan struct{})}
 	ab, ba := newMemQueue(depth, maxFrame), newMemQueue(depth, maxFrame)
@@ -121,7 +142,7 @@ func (w *MemWire) Write(b []byte) error {
 		return os.ErrClosed
 	}
 	if len(b) > w.tx.maxFrame {
-		w.dropped.Add(1)
+		w.tx.dropped.Add(1)
 		return nil
 	}
 	select {
@@ -129,7 +150,7 @@ func (w *MemWire) Write(b []byte) error {
 		w.tx.full <- buf[:copy(buf, b)]
 		return nil
 	default:
-		w.dropped.Add(1)
+		w.tx.dropped.Add(1)
 		return nil
 	}
 }
@@ -144,7 +165,21 @@ func (w *MemWire) Close() error {
 
 // Dropped returns the number of frames this end's Write has dropped
 // because the peer's queue was full or the frame too long.
-func (w *MemWire) Dropped() uint64 { return w.dropped.Load() }
+func (w *MemWire) Dropped() uint64 { return w.tx.dropped.Load() }
+
+// MaxFrame returns the longest frame the wire carries, its virtio-net
+// header included: NewMemPair's maxFrame. Longer frames are dropped.
+func (w *MemWire) MaxFrame() int { return w.tx.maxFrame }
+
+// EachCounter calls fn with the wire's drops, as a stack on this end
+// reports them among its counters: tx_wire_dropped, the frames this end
+// wrote and the wire dropped (Dropped), and rx_wire_dropped, the frames
+// the peer wrote to this end and the wire dropped (the peer's Dropped),
+// because this end's queue was full or a frame longer than MaxFrame.
+func (w *MemWire) EachCounter(fn func(name string, v uint64)) {
+	fn("rx_wire_dropped", w.rx.dropped.Load())
+	fn("tx_wire_dropped", w.tx.dropped.Load())
+}
 
 func (w *MemWire) isClosed() bool {
 	select {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"maps"
 	"os"
 	"sync"
 	"testing"
@@ -289,5 +290,78 @@ func BenchmarkMemWire(b *testing.B) {
 	for b.Loop() {
 		x.Write(frame)
 		y.Read(buf, false)
+	}
+}
+
+// TestMemPairDefaults: a depth or maxFrame of 0 or less takes the default,
+// 4096 frames of a 64 KB GSO super-frame behind an Ethernet header, a VLAN
+// tag and the virtio-net header, instead of panicking; MaxFrame says the
+// limit, and a frame of it goes through whole.
+func TestMemPairDefaults(t *testing.T) {
+	const wantFrame = VirtioNetHdrLen + 65535 + 14 + 4
+	for _, tc := range []struct {
+		name               string
+		depth, maxFrame    int
+		wantDepth, wantMax int
+	}{
+		{"zero", 0, 0, 4096, wantFrame},
+		{"negative", -1, -5, 4096, wantFrame},
+		{"depth only", 0, 100, 4096, 100},
+		{"maxFrame only", 3, 0, 3, wantFrame},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := NewMemPair(tc.depth, tc.maxFrame)
+			defer a.Close()
+			if got := a.MaxFrame(); got != tc.wantMax || b.MaxFrame() != tc.wantMax {
+				t.Fatalf("MaxFrame: got %d and %d, want %d", got, b.MaxFrame(), tc.wantMax)
+			}
+			frame := bytes.Repeat([]byte{0x5a}, tc.wantMax)
+			for range tc.wantDepth {
+				a.Write(frame)
+			}
+			if d := a.Dropped(); d != 0 {
+				t.Fatalf("%d frames of %d bytes: %d dropped, want none", tc.wantDepth, tc.wantMax, d)
+			}
+			a.Write(frame)
+			if d := a.Dropped(); d != 1 {
+				t.Errorf("a frame past the depth: got %d dropped, want 1", d)
+			}
+			buf := make([]byte, tc.wantMax+1)
+			if n, err := b.Read(buf, false); err != nil || !bytes.Equal(buf[:n], frame) {
+				t.Errorf("Read: got %d bytes, %v, want the %d-byte frame", n, err, len(frame))
+			}
+		})
+	}
+}
+
+// TestMemWireCounters: each end reports the frames the wire dropped on
+// their way to it (rx_wire_dropped, the peer's Dropped) and from it
+// (tx_wire_dropped, its own), as a stack on it lists them.
+func TestMemWireCounters(t *testing.T) {
+	a, b := NewMemPair(1, 64)
+	defer a.Close()
+	a.Write(make([]byte, 65)) // too long
+	a.Write(make([]byte, 8))
+	a.Write(make([]byte, 8)) // the queue is full
+	b.Write(make([]byte, 65))
+	counters := func(w *MemWire) map[string]uint64 {
+		m := map[string]uint64{}
+		w.EachCounter(func(name string, v uint64) { m[name] = v })
+		return m
+	}
+	for _, tc := range []struct {
+		end  string
+		w    *MemWire
+		want map[string]uint64
+	}{
+		{"a", a, map[string]uint64{"rx_wire_dropped": 1, "tx_wire_dropped": 2}},
+		{"b", b, map[string]uint64{"rx_wire_dropped": 2, "tx_wire_dropped": 1}},
+	} {
+		if got := counters(tc.w); !maps.Equal(got, tc.want) {
+			t.Errorf("end %s: got %v, want %v", tc.end, got, tc.want)
+		}
+	}
+	if a.Dropped() != 2 || b.Dropped() != 1 {
+		t.Errorf("Dropped: got %d and %d, want 2 and 1 (the writer's)", a.Dropped(), b.Dropped())
 	}
 }

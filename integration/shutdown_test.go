@@ -3,8 +3,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"regexp"
@@ -16,6 +19,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/ustack/ustack/bufpool"
 	"github.com/ustack/ustack/cpumap"
@@ -307,4 +311,155 @@ func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *syncBuf
 		t.Fatalf("ustack run did not exit within %v of SIGTERM; stderr:\n%s", d, stderr.String())
 		return nil
 	}
+}
+
+// TestShutdownSIGTERMGrace sends SIGTERM to `ustack run -echo` with a
+// kernel client connected, and checks how the connection ends and when
+// the process exits (0 every time):
+//
+//   - fin: the client has its echo; with the default -shutdown-grace the
+//     stack shuts down gracefully and the client's next read gets EOF (the
+//     FIN), stderr has nothing but the startup line.
+//   - grace-0: the client stopped reading (zero window), so the FIN cannot
+//     go; -shutdown-grace 0 resets at once: the read gets ECONNRESET.
+//   - grace-over: as grace-0 with -shutdown-grace 1s: the connection is
+//     reset after it, and ustack says so.
+//   - second-signal: as grace-over with a grace of ten minutes, but a
+//     second signal (SIGINT) resets at once.
+func TestShutdownSIGTERMGrace(t *testing.T) {
+	needRoot(t)
+	for i, tc := range []struct {
+		name       string
+		flags      []string
+		zeroWindow bool
+		second     bool   // send SIGINT after SIGTERM
+		want       error  // how the client's read ends
+		log        string // what stderr must say ("": only the startup line)
+	}{
+		{"fin", nil, false, false, io.EOF, ""},
+		{"grace-0", []string{"-shutdown-grace", "0"}, true, false, syscall.ECONNRESET, ""},
+		{"grace-over", []string{"-shutdown-grace", "1s"}, true, false, syscall.ECONNRESET, "-shutdown-grace 1s over: connections reset"},
+		{"second-signal", []string{"-shutdown-grace", "10m"}, true, true, syscall.ECONNRESET, "second signal: connections reset"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flags := append([]string{"-echo", ":7"}, tc.flags...)
+			if tc.zeroWindow {
+				flags = append(flags, "-stats", "50ms")
+			}
+			r, cmd, stdout, stderr, exited := startRunBinary(t, fmt.Sprintf("usit-sgr%d", i), flags...)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c, err := r.bed.NS.DialTCP(ctx, r.stackAP(false, 7), cc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(time.Minute))
+			if tc.zeroWindow {
+				// The client sends 512 KiB and reads nothing back: its
+				// window closes while the echo holds the rest, having read
+				// everything (so that closing it sends a FIN, not the RST
+				// of a close with unread data). Wait until the client's
+				// bytes are all acknowledged and its window is zero, then
+				// for a counters block after that showing no unread byte.
+				if err := c.SetReadBuffer(64 << 10); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.Write(make([]byte, 512<<10)); err != nil {
+					t.Fatal(err)
+				}
+				mark := -1
+				if !waitUntil(30*time.Second, func() bool {
+					if mark < 0 {
+						if sockIoctl(t, c, unix.SIOCOUTQ) == 0 && rcvWnd(t, c) == 0 {
+							mark = len(stdout.String())
+						}
+						return false
+					}
+					v, ok := finalCounter(stdout.String()[mark:], "tcp_rcv_queued_bytes_current")
+					return ok && v == 0
+				}) {
+					t.Fatalf("within 30s: client's unacknowledged bytes %d, rcv_wnd %d, ustack's unread bytes after: %v", sockIoctl(t, c, unix.SIOCOUTQ), rcvWnd(t, c), mark >= 0)
+				}
+			} else {
+				msg := make([]byte, 1<<20)
+				randReader(uint64(950 + i)).Read(msg)
+				if _, err := c.Write(msg); err != nil {
+					t.Fatal(err)
+				}
+				echo := make([]byte, len(msg))
+				if _, err := io.ReadFull(c, echo); err != nil || !bytes.Equal(echo, msg) {
+					t.Fatalf("echo: err %v, equal %v", err, bytes.Equal(echo, msg))
+				}
+			}
+
+			start := time.Now()
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if tc.second {
+				if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("ustack run after SIGTERM: got %v, want exit status 0; stderr:\n%s", err, stderr.String())
+				}
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				<-exited
+				t.Fatalf("ustack run did not exit within 30s of SIGTERM; stderr:\n%s", stderr.String())
+			}
+			took := time.Since(start)
+			_, err = io.Copy(io.Discard, c)
+			if tc.want == io.EOF {
+				if err != nil {
+					t.Errorf("client read after SIGTERM: got %v, want EOF (the FIN)", err)
+				}
+			} else if !errors.Is(err, tc.want) {
+				t.Errorf("client read after SIGTERM: got %v, want %v", err, tc.want)
+			}
+			errLines := strings.Split(strings.TrimSpace(stderr.String()), "\n")[1:]
+			if tc.log == "" && len(errLines) > 0 {
+				t.Errorf("stderr after SIGTERM: got %q after the startup line, want nothing", errLines)
+			}
+			if tc.log != "" && !strings.Contains(stderr.String(), tc.log) {
+				t.Errorf("stderr after SIGTERM lacks %q:\n%s", tc.log, stderr.String())
+			}
+			t.Logf("exited %v after SIGTERM; the client's read ended with %v", took.Round(time.Millisecond), err)
+		})
+	}
+}
+
+// sockIoctl returns the int an ioctl of c's socket gives (SIOCOUTQ: bytes
+// not yet acknowledged).
+func sockIoctl(t *testing.T, c *net.TCPConn, req uint) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { v, serr = unix.IoctlGetInt(int(fd), req) }); err != nil || serr != nil {
+		t.Fatal(errors.Join(err, serr))
+	}
+	return v
+}
+
+// rcvWnd returns the receive window c last advertised (tcpi_rcv_wnd).
+func rcvWnd(t *testing.T, c *net.TCPConn) uint32 {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	var serr error
+	if err := rc.Control(func(fd uintptr) { info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || serr != nil {
+		t.Fatal(errors.Join(err, serr))
+	}
+	return info.Rcv_wnd
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/internal/testutil"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 var delackAddrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}

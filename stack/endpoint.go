@@ -36,7 +36,7 @@ type linkEndpoint struct {
 	onClose func()
 
 	pages  pageStats
-	pcap   *PcapWriter // packets as delivered, or nil
+	pcap   *PcapWriter // packets as delivered and frames as sent (Config.Pcap), or nil
 	lend   *lendStats  // zero copy: frags lent to gVisor; nil: copied
 	trains trainTable  // UDP ports bound by TrainConns
 
@@ -127,7 +127,7 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 //  4. UDP trains (Stack.ListenUDPTrains; trainTable.deliver, train.go): a
 //     UDP packet for a port a TrainConn has bound is queued to it whole,
 //     its payload left in the RX pages, as udp_queue_rcv_skb queues a GRO
-//     train for a socket with UDP_GRO. Not recorded by pcap.
+//     train for a socket with UDP_GRO. Pcap records the train once, whole.
 //  5. Zero-window ACKs (always; zeroWindow.ackFirst, zerowindow.go): a TCP
 //     segment that gVisor would reject at ustack's closed window and
 //     Linux's tcp_sequence would take is preceded by a pure ACK built from
@@ -145,6 +145,7 @@ func newLinkEndpoint(drv *driver.Driver, mtu int, addr tcpip.LinkAddress) *linkE
 //     gVisor as views of its RX pages. The packet is released either way.
 //  9. Pcap (Config.Pcap; PcapWriter, pcap.go), read only: the frame as
 //     gVisor gets it, recorded by stage 7 (the train once, whole) or 8.
+//     (Pcap also records what the stack sends: transmitLocked.)
 //  10. Dispatch (Config.Tunnel; dispatch, and tunnelEndpoint.deliver in
 //     tunnel.go): a frame for one of the tunnel's inner addresses goes to
 //     the tunnel's gVisor NIC, any other to the wire's, as
@@ -587,7 +588,8 @@ func (e *linkEndpoint) stopDelayedACK() {
 	e.delack.drop()
 }
 
-// transmitLocked writes pkt with virtio-net header h to the wire.
+// transmitLocked writes pkt with virtio-net header h to the wire, and
+// records the frame in Config.Pcap.
 //
 // +checklocks:e.txMu
 func (e *linkEndpoint) transmitLocked(pkt *gstack.PacketBuffer, h *driver.VirtioNetHdr) tcpip.Error {
@@ -605,6 +607,11 @@ func (e *linkEndpoint) transmitLocked(pkt *gstack.PacketBuffer, h *driver.Virtio
 	drv := e.drv
 	if len(e.txDrvs) > 1 {
 		drv = e.txDrvs[txQueue(pkt, len(e.txDrvs))] // the flow's queue
+	}
+	if e.pcap != nil {
+		// The frame after its virtio-net header, a GSO super-frame whole,
+		// as dev_queue_xmit_nit hands it to tcpdump before the device.
+		e.pcap.WriteFrame(time.Now(), parts...)
 	}
 	err := drv.Transmit(h, parts)
 	for i := range parts {

@@ -8,12 +8,18 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/ustack/ustack/bufpool"
 )
 
 // PcapWriter writes frames to a pcap file (link type Ethernet, or raw IP
 // for a TUN's packets: CreateRawPcap), readable by
-// tcpdump and Wireshark. It is safe for concurrent use; each frame is given
-// as the parts it is made of so that callers need not flatten it.
+// tcpdump and Wireshark. It is safe for concurrent use (the poll loop,
+// cpumap workers and every sender write to one writer): each frame's
+// record is written whole under its lock, given as the parts it is made
+// of so that callers need not flatten it. The classic pcap format has no
+// direction: as with tcpdump on an Ethernet interface, the MAC addresses
+// (a TUN's: the IP addresses) tell a received frame from a sent one.
 type PcapWriter struct {
 	mu sync.Mutex
 	f  *os.File // nil when writing to a plain io.Writer
@@ -81,6 +87,7 @@ func newPcapWriter(w io.Writer, raw bool) (*PcapWriter, error) {
 
 // WriteFrame appends one frame made of parts, captured at time t. Errors
 // are kept and returned by Close; a failed writer drops further frames.
+// It does not retain parts.
 func (p *PcapWriter) WriteFrame(t time.Time, parts ...[]byte) {
 	n := 0
 	for _, b := range parts {
@@ -88,10 +95,41 @@ func (p *PcapWriter) WriteFrame(t time.Time, parts ...[]byte) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.err != nil {
-		return
+	capLen := p.recordLocked(t, n)
+	for _, b := range parts {
+		if capLen = p.writeLocked(b, capLen); capLen == 0 {
+			return
+		}
 	}
-	capLen := min(n, pcapSnapLen)
+}
+
+// writeTrain appends the frame of a UDP train as splitUDP records one:
+// pkt's first hdrLen bytes (its headers), then the n payload bytes after
+// them (bufpool.Packet.Walk: its frags and chained packets), without
+// flattening it. pkt stays the caller's.
+func (p *PcapWriter) writeTrain(t time.Time, pkt *bufpool.Packet, hdrLen, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	capLen := p.recordLocked(t, hdrLen+n)
+	capLen = p.writeLocked(pkt.Linear[:hdrLen], capLen)
+	for w := pkt.Walk(hdrLen); n > 0 && capLen > 0 && w.Next(); {
+		b := w.Bytes()
+		b = b[:min(len(b), n)]
+		n -= len(b)
+		capLen = p.writeLocked(b, capLen)
+	}
+}
+
+// recordLocked writes the record header of an n-byte frame captured at t
+// and returns the bytes of it to write (the snap length's), 0 once the
+// writer failed.
+//
+// +checklocks:p.mu
+func (p *PcapWriter) recordLocked(t time.Time, n int) (capLen int) {
+	if p.err != nil {
+		return 0
+	}
+	capLen = min(n, pcapSnapLen)
 	ns := t.UnixNano()
 	binary.LittleEndian.PutUint32(p.hdr[0:], uint32(ns/1e9))
 	binary.LittleEndian.PutUint32(p.hdr[4:], uint32(ns%1e9))
@@ -99,19 +137,25 @@ func (p *PcapWriter) WriteFrame(t time.Time, parts ...[]byte) {
 	binary.LittleEndian.PutUint32(p.hdr[12:], uint32(n))
 	if _, err := p.w.Write(p.hdr[:]); err != nil {
 		p.err = err
-		return
+		return 0
 	}
-	for _, b := range parts {
-		if capLen == 0 {
-			break
-		}
-		b = b[:min(len(b), capLen)]
-		capLen -= len(b)
-		if _, err := p.w.Write(b); err != nil {
-			p.err = err
-			return
-		}
+	return capLen
+}
+
+// writeLocked writes what of b the record's capLen bytes left to write
+// take, and returns what is left of them (0 once the writer failed).
+//
+// +checklocks:p.mu
+func (p *PcapWriter) writeLocked(b []byte, capLen int) int {
+	if capLen == 0 || p.err != nil {
+		return 0
 	}
+	b = b[:min(len(b), capLen)]
+	if _, err := p.w.Write(b); err != nil {
+		p.err = err
+		return 0
+	}
+	return capLen - len(b)
 }
 
 // Close flushes what is buffered and closes the file it created, if any.

@@ -30,7 +30,7 @@ func TestTCPReceiveBufferMax(t *testing.T) {
 			t.Errorf("TCPReceiveBufferMax %d: gVisor's range %+v, want max %d, default %d", tc.max, got, tc.want, tcp.DefaultReceiveBufferSize)
 		}
 	}
-	a, b := driver.NewMemPair(4, driver.VirtioNetHdrLen+1600)
+	a, b := driver.NewMemPair(4, 0)
 	defer b.Close()
 	if s, err := New(Config{Wire: a, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}, TCPReceiveBufferMax: tcp.DefaultReceiveBufferSize - 1}); err == nil {
 		s.Close()

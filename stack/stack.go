@@ -1,11 +1,17 @@
 // Package stack joins ustack's parts into a gVisor network stack: the
 // driver's NIC model and poll loop feed a link endpoint of ours, behind which
 // gVisor runs IPv4, IPv6 (with ARP and NDP), TCP, UDP and ICMP. It exposes
-// the stack to Go code as net.Listener, net.Conn and net.PacketConn (through
-// gVisor's gonet), and its counters in `ethtool -S` form.
+// the stack to Go code as net.Listener, net.Conn and net.PacketConn (its own
+// TCPListener, TCPConn and UDPConn over gVisor's endpoints, whose errors
+// are Go's net errors: errors.go), and its counters in `ethtool -S` form.
+// Dial, Listen and LookupHost take Go's network and address strings
+// (netdial.go), names resolved on the stack (resolve.go); beside the wire's
+// NIC there is a loopback interface (loopback.go), and Config.Routes reach
+// past the wire's subnets (route.go).
 //
-// A Stack is safe for concurrent use. Close stops the driver, closes every
-// connection and returns every RX page to the pool.
+// A Stack is safe for concurrent use. Close resets every connection, stops
+// the driver and returns every RX page to the pool; Shutdown first lets
+// every connection deliver what was written and its FIN (shutdown.go).
 //
 // The receive path is one pipeline, the link endpoint's Deliver
 // (endpoint.go, whose doc lists the stages in order with their Config
@@ -23,11 +29,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -54,7 +60,11 @@ type Config struct {
 	// Wire is the link: a driver.TAP, a driver.PlainWire (driver.OpenWater:
 	// no offloads, so the stack computes checksums and segments itself) or
 	// one end of driver.NewMemPair. The Stack owns it from New on and
-	// closes it.
+	// closes it. A wire that bounds its frames says so with a method
+	// MaxFrame() int (the virtio-net header included; driver.MemWire has
+	// it), and New refuses it if the stack's frames would not fit: with
+	// offloads a 64 KB GSO super-frame, its link header and the
+	// virtio-net header; without (Offloads() false), the MTU's frame.
 	Wire driver.Wire
 	// Queues are the further queues of a multi-queue device, whose first
 	// is Wire (driver.OpenTAPQueues): each gets a driver of its own (NIC
@@ -66,8 +76,23 @@ type Config struct {
 	// (round robin) when there are several queues.
 	Queues []driver.Wire
 	// Addrs are the stack's addresses with their subnets; a route to each
-	// subnet is added. There is no default route.
+	// subnet is added. New refuses an invalid prefix and an unspecified,
+	// multicast or loopback address (the stack's loopback interface owns
+	// 127.0.0.1/8 and ::1, so that 127.0.0.1, ::1 and "localhost" reach
+	// its own listeners).
 	Addrs []netip.Prefix
+	// Routes are further routes on the wire, past the subnets of Addrs:
+	// a default route is {Dst: 0.0.0.0/0 (or ::/0), Gateway: a router on
+	// one of those subnets}. The most specific route to a destination is
+	// taken, the subnets' own before a route of Routes of the same length.
+	// New refuses what `ip route add` refuses (see Route). None: only the
+	// subnets are reached, and a dial past them fails at once.
+	Routes []Route
+	// DNSServers are the name servers LookupHost, Dial and Listen ask, in
+	// order, over the stack itself (UDP port 53, TCP when an answer is
+	// truncated). None: only IP literals and localhost resolve. The
+	// host's /etc/resolv.conf and /etc/hosts are never read.
+	DNSServers []netip.Addr
 	// MAC is the station address (DefaultMAC if zero).
 	MAC [6]byte
 	// Driver configures the NIC model; its MAC and Multicast are set from
@@ -79,9 +104,14 @@ type Config struct {
 	// as mlx4 did before its page cache), so recycling off is the whole
 	// of that behaviour, not only the pool's half.
 	Pool bufpool.Config
-	// Pcap, if set, records every packet as it is handed to gVisor (after
-	// GRO: a merged packet is one large frame). PcapWire records the frames
-	// as read from the wire. The Stack does not close them.
+	// Pcap, if set, records both directions, as tcpdump on the interface
+	// does: every packet as it is handed to gVisor (after GRO: a merged
+	// packet is one large frame), every train a TrainConn receives (once,
+	// whole), and every frame the stack writes to the wire, without the
+	// virtio-net header (a GSO super-frame as one frame, its checksum
+	// left partial; XDP_TX frames are not recorded, as the kernel's taps
+	// do not see them). PcapWire records the frames as read from the wire
+	// (received only). The Stack does not close them.
 	Pcap, PcapWire *PcapWriter
 	// DelayedACK, if positive, holds the pure ACKs gVisor sends right after
 	// a segment with data, on flows that send data themselves, for up to
@@ -121,7 +151,9 @@ type Config struct {
 	// the pool reuses a page once gVisor let go of it. TCPConn.ReadViews
 	// can then give the application the pages themselves. Off: payload is
 	// copied once into gVisor. With Driver.Pool set, that pool must have
-	// been made with Memory: NewChunkMemory() (New does it otherwise).
+	// been made with Memory: NewChunkMemory() (New does it otherwise); the
+	// further queues' pools (Queues) use the first pool's chunk memory
+	// unless Pool.Memory is set.
 	ZeroCopy bool
 	// ZeroCopyMaxLent bounds the pages zero copy lends to gVisor at once
 	// (rx_pp_lent_current): past it, frags of pages not lent yet are
@@ -157,9 +189,13 @@ type Stack struct {
 	ep     *linkEndpoint
 	ip     *gstack.Stack
 	close  sync.Once
+	shut   shutdownState // Close's and Shutdown's (shutdown.go)
 	views  viewTotals
 	// mem bounds the TCP receive memory (nil: no bound).
 	mem *tcpMemGovernor
+	// dnsTimeout is the resolver's time per server and query (0:
+	// resolve.go's dnsTimeout); tests shorten it.
+	dnsTimeout time.Duration
 }
 
 // New builds and starts a stack on cfg.Wire. On error the wire is closed.
@@ -180,8 +216,8 @@ func New(cfg Config) (s *Stack, err error) {
 	if err := checkQueues(&cfg); err != nil {
 		return nil, err
 	}
-	if len(cfg.Addrs) == 0 {
-		return nil, errors.New("stack: no address")
+	if err := checkNetConfig(&cfg); err != nil {
+		return nil, err
 	}
 	memLimit, memPressure, memOn, err := tcpMemLimits(&cfg)
 	if err != nil {
@@ -212,6 +248,9 @@ func New(cfg Config) (s *Stack, err error) {
 		dc.Tunnel = t.driverConfig()
 		dc.Multicast = multicastMACs(append(cfg.Addrs[:len(cfg.Addrs):len(cfg.Addrs)], netip.PrefixFrom(t.Local, 128)))
 	}
+	if err := checkMaxFrame(&cfg, dc.MTU, dc.L3); err != nil {
+		return nil, err
+	}
 	if cfg.PcapWire != nil {
 		dc.WireTap = cfg.PcapWire
 	}
@@ -239,10 +278,17 @@ func New(cfg Config) (s *Stack, err error) {
 			q.drv.Close()
 		}
 	}
+	// With zero copy their pools share the first pool's chunk memory, so
+	// that its one address index (viewMemory.mapPage) finds every queue's
+	// pages for ReadViews.
+	qcfg := cfg
+	if m, ok := dc.Pool.Memory().(*viewMemory); ok && cfg.ZeroCopy && cfg.Pool.Memory == nil {
+		qcfg.Pool.Memory = m
+	}
 	for i, w := range cfg.Queues {
 		qc := dc
 		qc.NICCPUs, qc.PollCPUs = queuePin(pins[0], i+1, nq), queuePin(pins[1], i+1, nq)
-		if qc.Pool, err = newPool(&cfg, &qc); err == nil {
+		if qc.Pool, err = newPool(&qcfg, &qc); err == nil {
 			var qd *driver.Driver
 			if qd, err = driver.New(w, qc); err == nil {
 				queues = append(queues, &rxQueue{drv: qd})
@@ -257,7 +303,7 @@ func New(cfg Config) (s *Stack, err error) {
 	if o, ok := cfg.Wire.(interface{ Offloads() bool }); ok && !o.Offloads() {
 		ep.noOffloads = true
 	}
-	ep.pcap = cfg.Pcap
+	ep.pcap, ep.trains.pcap = cfg.Pcap, cfg.Pcap
 	if cfg.ZeroCopy {
 		ep.lend = newLendStats(drv.Pool(), cfg.ZeroCopyMaxLent)
 		ep.lend.l3 = ep.l3
@@ -327,8 +373,8 @@ func New(cfg Config) (s *Stack, err error) {
 // no driver: Driver returns nil and the counters are gVisor's only.
 // cfg.Wire and cfg.Driver are ignored.
 func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
-	if len(cfg.Addrs) == 0 {
-		return nil, errors.New("stack: no address")
+	if err := checkNetConfig(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.Tunnel != nil {
 		return nil, errors.New("stack: a tunnel needs ustack's own driver")
@@ -348,9 +394,29 @@ func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
 	return s, nil
 }
 
+// checkNetConfig checks cfg's addresses, routes and name servers.
+func checkNetConfig(cfg *Config) error {
+	if len(cfg.Addrs) == 0 {
+		return errors.New("stack: no address")
+	}
+	if err := checkAddrs(cfg.Addrs); err != nil {
+		return err
+	}
+	if err := checkRoutes(cfg.Routes, cfg.Addrs); err != nil {
+		return err
+	}
+	for _, a := range cfg.DNSServers {
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("stack: DNS server %s: want a unicast address", a)
+		}
+	}
+	cfg.DNSServers = slices.Clone(cfg.DNSServers) // the resolver's, read-only
+	return nil
+}
+
 // newGVisor builds the gVisor stack over ep: protocols, TCP options, the NIC,
-// addresses and subnet routes, and the tunnel's NIC, addresses and routes
-// when tun is not nil.
+// addresses and subnet routes, Config.Routes, the loopback interface, and
+// the tunnel's NIC, addresses and routes when tun is not nil.
 func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstack.Stack, error) {
 	ip := gstack.New(gstack.Options{
 		NetworkProtocols:   []gstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
@@ -399,6 +465,10 @@ func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstac
 		// The tunnel's subnets first: gVisor takes the first matching
 		// route, and an inner subnet may lie inside a wire subnet.
 		routes = append(r, routes...)
+	}
+	routes = append(routes, gvisorRoutes(cfg.Routes)...)
+	if err := addLoopback(ip); err != nil {
+		return fail(err)
 	}
 	ip.SetRouteTable(routes)
 	return ip, nil
@@ -500,14 +570,14 @@ func (s *Stack) Err() error {
 // not wrap.
 func (s *Stack) GVisor() *gstack.Stack { return s.ip }
 
-// fullAddr converts ap for gVisor's sockets: bound to the wire's NIC, or,
-// with a tunnel, to no NIC, so that gVisor binds to the tunnel's addresses
-// and routes through it too.
+// fullAddr converts ap for gVisor's sockets. It binds to no NIC, as a
+// socket without SO_BINDTODEVICE: a listener on the unspecified address
+// then takes connections from every interface (the wire's, the loopback,
+// the tunnel's), a dial goes where the route table (or a local route)
+// says, and a bound address must be one the stack owns
+// (ErrBadLocalAddress, EADDRNOTAVAIL).
 func (s *Stack) fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber) {
-	fa := tcpip.FullAddress{NIC: nicID, Port: ap.Port()}
-	if s.ep != nil && s.ep.tunnel != nil {
-		fa.NIC = 0
-	}
+	fa := tcpip.FullAddress{Port: ap.Port()}
 	if ap.Addr().IsValid() && !ap.Addr().IsUnspecified() {
 		fa.Addr = tcpip.AddrFromSlice(ap.Addr().Unmap().AsSlice())
 	}
@@ -517,42 +587,61 @@ func (s *Stack) fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkPro
 	return fa, ipv4.ProtocolNumber
 }
 
-// ListenTCP listens on addr. Accept returns *TCPConn connections; on the
-// closed listener it returns an error wrapping net.ErrClosed. An unspecified address listens on every
-// address of the stack's family: use netip.IPv6Unspecified() for IPv6 and
-// IPv4-mapped, 0.0.0.0 for IPv4 only).
+// ListenTCP listens on addr; the listener is a *TCPListener, whose Accept
+// returns *TCPConn connections, and on the closed listener an error
+// wrapping net.ErrClosed. An unspecified address listens on every address
+// of the stack's family: use netip.IPv6Unspecified() for IPv6 and
+// IPv4-mapped, 0.0.0.0 for IPv4 only. Its errors are *net.OpError with Op
+// "listen": EADDRINUSE for a port in use, EADDRNOTAVAIL for an address
+// the stack does not own, as the kernel's bind.
 func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
+	return s.listenTCP("tcp", addr, false)
+}
+
+// listenTCP is ListenTCP for Listen's network ("tcp", "tcp4" or "tcp6",
+// for its errors); v6only makes an IPv6 listener take no IPv4 connections
+// (IPV6_V6ONLY). Its errors are *net.OpError, as net.Listen's.
+func (s *Stack) listenTCP(network string, addr netip.AddrPort, v6only bool) (net.Listener, error) {
 	fa, proto := s.fullAddr(addr)
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
+	la := net.TCPAddrFromAddrPort(addr)
 	var wq waiter.Queue
 	ep, e := s.ip.NewEndpoint(tcp.ProtocolNumber, proto, &wq)
 	if e != nil {
-		return nil, fmt.Errorf("listen tcp %s: %s", addr, e)
+		return nil, listenError(network, la, "socket", e)
+	}
+	if v6only {
+		ep.SocketOptions().SetV6Only(true)
 	}
 	if e := ep.Bind(fa); e != nil {
 		ep.Close()
-		return nil, fmt.Errorf("listen tcp %s: bind: %s", addr, e)
+		return nil, listenError(network, la, "bind", e)
 	}
 	if e := ep.Listen(listenBacklog); e != nil {
 		ep.Close()
-		return nil, fmt.Errorf("listen tcp %s: %s", addr, e)
+		return nil, listenError(network, la, "listen", e)
 	}
-	return &tcpListener{s: s, ep: ep, wq: &wq, cancel: make(chan struct{})}, nil
+	return newTCPListener(s, network, &wq, ep, proto), nil
 }
 
-// DialTCP connects to addr.
+// DialTCP connects to addr; the connection is a *TCPConn. Its errors are
+// *net.OpError with Op "dial" around the errno of Linux's connect
+// (ECONNREFUSED, ENETUNREACH, EHOSTUNREACH, ETIMEDOUT), or net's error for
+// a cancelled or expired ctx, as net.Dialer.DialContext's. As the kernel
+// connects them, 0.0.0.0 and :: are the loopback address, and a multicast
+// or broadcast address fails at once (ENETUNREACH); a zero addr fails
+// with net's "missing address".
 func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
-	fa, proto := s.fullAddr(addr)
-	c, err := gonet.DialContextTCP(ctx, s.ip, fa, proto)
+	c, err := s.dialTCP(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial tcp %s: %w", addr, err)
+		return nil, err
 	}
 	return c, nil
 }
 
-// ListenUDP binds a UDP socket to addr.
+// ListenUDP binds a UDP socket to addr; the socket is a *UDPConn.
 func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
 	return s.listenUDPBuffer(addr, 0)
 }
@@ -560,30 +649,46 @@ func (s *Stack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
 // listenUDPBuffer is ListenUDP with a receive buffer of size bytes (0:
 // gVisor's default).
 func (s *Stack) listenUDPBuffer(addr netip.AddrPort, size int64) (net.PacketConn, error) {
+	return s.listenUDP("udp", addr, size, false)
+}
+
+// listenUDP is listenUDPBuffer for ListenPacket's network ("udp", "udp4"
+// or "udp6", for its errors); v6only makes an IPv6 socket take no IPv4
+// datagrams (IPV6_V6ONLY). Its errors are *net.OpError, as
+// net.ListenPacket's.
+func (s *Stack) listenUDP(network string, addr netip.AddrPort, size int64, v6only bool) (net.PacketConn, error) {
 	fa, proto := s.fullAddr(addr)
 	if addr.Addr().IsUnspecified() {
 		fa.Addr = tcpip.Address{}
 	}
+	la := net.UDPAddrFromAddrPort(addr)
 	var wq waiter.Queue
 	ep, e := s.ip.NewEndpoint(udp.ProtocolNumber, proto, &wq)
 	if e != nil {
-		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
+		return nil, listenError(network, la, "socket", e)
 	}
 	if size > 0 {
 		ep.SocketOptions().SetReceiveBufferSize(size, true)
 	}
+	if v6only {
+		ep.SocketOptions().SetV6Only(true)
+	}
 	if e := ep.Bind(fa); e != nil {
 		ep.Close()
-		return nil, fmt.Errorf("listen udp %s: %s", addr, e)
+		return nil, listenError(network, la, "bind", e)
 	}
-	return &packetConn{PacketConn: gonet.NewUDPConn(&wq, ep)}, nil
+	return newUDPConn(network, &wq, ep, proto), nil
 }
 
-// Close stops the driver and the gVisor stack. Every RX page is back in the
-// pool when it returns, unless a caller still holds a Packet.
+// Close resets every TCP connection (RST, as the kernel resets a socket
+// closed with unread data), while the driver still runs so that the
+// resets leave, then stops the driver and the gVisor stack; Shutdown
+// closes gracefully. Every RX page is back in the pool when it returns,
+// unless a caller still holds a Packet. Later calls return nil.
 func (s *Stack) Close() error {
 	var err error
 	s.close.Do(func() {
+		s.shut.closed.Store(true)
 		s.mem.close()
 		if s.ep != nil {
 			if m := s.ep.trains.m.Load(); m != nil {
@@ -592,6 +697,8 @@ func (s *Stack) Close() error {
 				}
 			}
 		}
+		// The RSTs first: what gVisor sends once the driver stopped is lost.
+		s.abortTCP()
 		if s.ep != nil {
 			s.ep.stopDelayedACK()
 		}
@@ -694,6 +801,11 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("udp_receive_buffer_errors", st.UDP.ReceiveBufferErrors.Value())
 	fn("udp_unknown_port", st.UDP.UnknownPortErrors.Value())
 	fn("udp_checksum_errors", st.UDP.ChecksumErrors.Value()+csumUDP)
+	var udpMalformed uint64 // the link endpoint's own UDP length drops (train.go)
+	if s.ep != nil {
+		udpMalformed = s.ep.trains.malformed.Load()
+	}
+	fn("udp_malformed", st.UDP.MalformedPacketsReceived.Value()+udpMalformed)
 	fn("icmp_echo_requests", st.ICMP.V4.PacketsReceived.EchoRequest.Value()+st.ICMP.V6.PacketsReceived.EchoRequest.Value())
 	fn("arp_requests_received", st.ARP.RequestsReceived.Value())
 	fn("ndp_neighbor_solicits", st.ICMP.V6.PacketsReceived.NeighborSolicit.Value())

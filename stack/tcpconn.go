@@ -1,104 +1,62 @@
 package stack
 
 import (
-	"errors"
+	"bytes"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/ustack/ustack/bufpool"
 )
 
-// listenBacklog is the accept queue of ListenTCP's listeners: Linux's
-// default somaxconn, as gonet uses.
-const listenBacklog = 4096
-
-// tcpListener is ListenTCP's net.Listener. It is gonet's, rewritten so that
-// Accept returns *TCPConn (which keeps the gVisor endpoint for ReadViews)
-// and a closed listener reports net.ErrClosed as the standard library's do.
-type tcpListener struct {
-	s      *Stack
-	ep     tcpip.Endpoint
-	wq     *waiter.Queue
-	closed atomic.Bool
-	cancel chan struct{}
-	once   sync.Once
-}
-
-func (l *tcpListener) Accept() (net.Conn, error) {
-	n, wq, err := l.ep.Accept(nil)
-	if _, ok := err.(*tcpip.ErrWouldBlock); ok {
-		entry, ready := waiter.NewChannelEntry(waiter.ReadableEvents)
-		l.wq.EventRegister(&entry)
-		defer l.wq.EventUnregister(&entry)
-		for {
-			n, wq, err = l.ep.Accept(nil)
-			if _, ok := err.(*tcpip.ErrWouldBlock); !ok {
-				break
-			}
-			select {
-			case <-l.cancel:
-				return nil, l.opError(net.ErrClosed)
-			case <-ready:
-			}
-		}
-	}
-	if err != nil {
-		if l.closed.Load() {
-			return nil, l.opError(net.ErrClosed)
-		}
-		return nil, l.opError(errors.New(err.String()))
-	}
-	return newTCPConn(l.s, wq, n), nil
-}
-
-func (l *tcpListener) opError(err error) error {
-	return &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: err}
-}
-
-func (l *tcpListener) Close() error {
-	l.closed.Store(true)
-	l.ep.Close()
-	l.once.Do(func() { close(l.cancel) })
-	return nil
-}
-
-func (l *tcpListener) Addr() net.Addr {
-	a, err := l.ep.GetLocalAddress()
-	if err != nil {
-		return nil
-	}
-	return &net.TCPAddr{IP: net.IP(a.Addr.AsSlice()), Port: int(a.Port)}
-}
-
-// TCPConn is a TCP connection accepted by a listener of ListenTCP: a
-// net.Conn (gVisor's gonet connection) that can also read payload without
-// copying it, with ReadViews.
+// TCPConn is a TCP connection of the stack, dialed (DialTCP, Dial) or
+// accepted (TCPListener): a net.Conn with the methods of Go's
+// *net.TCPConn (CloseRead, CloseWrite, SetLinger, SetKeepAlive,
+// SetNoDelay, SetReadBuffer, ...) over a gVisor endpoint, that can also
+// read payload without copying it (ReadViews, readviews.go) and poll for
+// readability (tcpconn_poll.go).
+//
+// Its errors are Go's net errors (errors.go): a *net.OpError around the
+// errno Linux returns (ECONNRESET, EPIPE, ...), net.ErrClosed for any call
+// on the closed connection, os.ErrDeadlineExceeded at a deadline, and
+// io.EOF itself, unwrapped, once the peer's FIN was read.
+//
+// As a *net.TCPConn, its methods are safe for concurrent use: reads are
+// serialized with each other (Read, ReadViews, TryRead), writes with each
+// other, so that each Write's bytes are contiguous in the stream. Its
+// options are gVisor's defaults until set: Nagle's algorithm off
+// (TCP_NODELAY, as Go's net sets it), keep-alive off (Go's net turns it
+// on, after 15 s idle; call SetKeepAlive), no linger.
 type TCPConn struct {
-	*gonet.TCPConn
-	s  *Stack // +checklocksignore: set by newTCPConn, read-only after
-	ep tcpip.Endpoint
-	wq *waiter.Queue
+	s     *Stack // +checklocksignore: set by newTCPConn, read-only after
+	ep    tcpip.Endpoint
+	wq    *waiter.Queue
+	net   string       // "tcp", "tcp4" or "tcp6": as dialed, or the listener's
+	laddr *net.TCPAddr // fixed once connected
+	raddr *net.TCPAddr // fixed once connected
 
-	// ReadViews' state, under readMu.
+	rd     deadline // the reads'
+	wd     deadline // the writes'
+	closed atomic.Bool
+	done   chan struct{} // closed by Close
+
+	// readMu serializes the reads; it guards their waiting and ReadViews'
+	// state.
 	readMu sync.Mutex
 	// +checklocks:readMu
+	rn notifier
+	// +checklocks:readMu
+	sw tcpip.SliceWriter // Read's
+	// +checklocks:readMu
 	w viewWriter
-	// +checklocks:readMu
-	entry waiter.Entry
-	// +checklocks:readMu
-	ready chan struct{}
-	// +checklocks:readMu
-	timer    *time.Timer
-	deadline atomic.Int64 // read deadline, Unix ns; 0: none
 	// +checklocks:readMu
 	copies *bufpool.Pool
 	// +checklocks:readMu
@@ -108,38 +66,168 @@ type TCPConn struct {
 	// +checklocks:readMu
 	page int // the RX pool's base page size (PAGE_SIZE), once known
 
+	// writeMu serializes the writes.
+	writeMu sync.Mutex
+	// +checklocks:writeMu
+	wn notifier
+	// +checklocks:writeMu
+	wr bytes.Reader
+
 	stats ViewStats
 }
 
+// readEvents and writeEvents are what wakes a blocked read or write: the
+// endpoint became readable (or writable), or failed, or was shut down.
+const (
+	readEvents  = waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr
+	writeEvents = waiter.WritableEvents | waiter.EventHUp | waiter.EventErr
+)
+
+// newTCPConn wraps ep, a connected endpoint, as a connection of network
+// "tcp" (the caller may set c.net before handing it out).
 func newTCPConn(s *Stack, wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
-	return &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), s: s, ep: ep, wq: wq}
-}
-
-// SetDeadline sets the read and write deadlines, for Read, ReadViews and
-// Write.
-func (c *TCPConn) SetDeadline(t time.Time) error {
-	c.setReadDeadline(t)
-	return c.TCPConn.SetDeadline(t)
-}
-
-// SetReadDeadline sets the deadline of Read and ReadViews.
-func (c *TCPConn) SetReadDeadline(t time.Time) error {
-	c.setReadDeadline(t)
-	return c.TCPConn.SetReadDeadline(t)
-}
-
-func (c *TCPConn) setReadDeadline(t time.Time) {
-	if t.IsZero() {
-		c.deadline.Store(0)
-	} else {
-		c.deadline.Store(t.UnixNano())
+	c := &TCPConn{s: s, ep: ep, wq: wq, net: "tcp", done: make(chan struct{})}
+	if a, e := ep.GetLocalAddress(); e == nil {
+		c.laddr = tcpAddr(a, 0)
 	}
+	if a, e := ep.GetRemoteAddress(); e == nil {
+		c.raddr = tcpAddr(a, 0)
+	}
+	return c
 }
 
-// Close closes the connection. Views already read stay valid until
-// released.
+// Read reads what the peer sent into b, waiting until there is some; it
+// returns io.EOF once the peer closed its side and everything was read.
+// An empty b returns (0, nil) at once, as net's.
+func (c *TCPConn) Read(b []byte) (int, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	if c.closed.Load() {
+		return 0, c.opError("read", net.ErrClosed)
+	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.sw = tcpip.SliceWriter(b)
+	res, err := c.read(&c.sw)
+	c.sw = nil
+	if err != nil {
+		return 0, err
+	}
+	if res.Count > 0 {
+		c.ep.ModerateRecvBuf(res.Count)
+	}
+	return res.Count, nil
+}
+
+// read reads from the endpoint into w for Read and ReadViews, waiting
+// while there is nothing to read, until the read deadline or Close. Its
+// errors are Read's.
+//
+// +checklocks:c.readMu
+func (c *TCPConn) read(w io.Writer) (tcpip.ReadResult, error) {
+	if c.rd.expired() {
+		return tcpip.ReadResult{}, c.opError("read", errDeadline)
+	}
+	res, e := c.ep.Read(w, tcpip.ReadOptions{})
+	if _, ok := e.(*tcpip.ErrWouldBlock); ok {
+		ready := c.rn.register(c.wq, readEvents)
+		defer c.rn.unregister(c.wq)
+		for {
+			res, e = c.ep.Read(w, tcpip.ReadOptions{})
+			if _, ok := e.(*tcpip.ErrWouldBlock); !ok {
+				break
+			}
+			select {
+			case <-ready:
+			case <-c.rd.wait():
+				return tcpip.ReadResult{}, c.opError("read", errDeadline)
+			case <-c.done:
+				return tcpip.ReadResult{}, c.opError("read", net.ErrClosed)
+			}
+		}
+	}
+	if e != nil {
+		return res, c.readErr(e)
+	}
+	return res, nil
+}
+
+// readErr returns a failed read's error: net.ErrClosed after Close,
+// io.EOF at the end of the stream (the peer's FIN, or CloseRead), else the
+// errno (ECONNRESET once, as the kernel reports a reset once; then
+// io.EOF).
+func (c *TCPConn) readErr(e tcpip.Error) error {
+	if c.closed.Load() {
+		return c.opError("read", net.ErrClosed)
+	}
+	if _, ok := e.(*tcpip.ErrClosedForReceive); ok {
+		return io.EOF
+	}
+	return c.opError("read", syscallErr("read", e))
+}
+
+// Write writes b to the connection, waiting while the send buffer is full,
+// until all of b is written, the write deadline passes or the connection
+// fails. After the peer reset the connection it fails with ECONNRESET
+// (the first call to see the reset) or EPIPE, as the kernel's; after
+// CloseWrite with EPIPE.
+func (c *TCPConn) Write(b []byte) (int, error) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if c.closed.Load() {
+		return 0, c.opError("write", net.ErrClosed)
+	}
+	if c.wd.expired() {
+		return 0, c.opError("write", errDeadline)
+	}
+	defer c.wr.Reset(nil)
+	n := 0
+	var ready <-chan struct{}
+	defer c.wn.unregister(c.wq)
+	for n < len(b) {
+		c.wr.Reset(b[n:])
+		m, e := c.ep.Write(&c.wr, tcpip.WriteOptions{})
+		n += int(m)
+		switch e.(type) {
+		case nil:
+		case *tcpip.ErrWouldBlock:
+			if ready == nil {
+				// Try again once registered: the buffer may have
+				// drained in between.
+				ready = c.wn.register(c.wq, writeEvents)
+				continue
+			}
+			select {
+			case <-ready:
+			case <-c.wd.wait():
+				return n, c.opError("write", errDeadline)
+			case <-c.done:
+				return n, c.opError("write", net.ErrClosed)
+			}
+		default:
+			if c.closed.Load() {
+				return n, c.opError("write", net.ErrClosed)
+			}
+			return n, c.opError("write", syscallErr("write", e))
+		}
+	}
+	return n, nil
+}
+
+// Close closes the connection: what was written is still sent, then the
+// FIN (or, after SetLinger(0), a RST at once; or a RST if data the
+// application did not read is queued, as tcp_close). Calls blocked on the
+// connection return net.ErrClosed, as does every later call, Close
+// included. Views ReadViews handed out stay valid until released.
 func (c *TCPConn) Close() error {
-	err := c.TCPConn.Close()
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.opError("close", net.ErrClosed)
+	}
+	close(c.done)
+	c.ep.Close()
+	c.rd.stop()
+	c.wd.stop()
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	if c.cur != nil {
@@ -149,97 +237,214 @@ func (c *TCPConn) Close() error {
 	if c.copies != nil {
 		c.copies.Close()
 	}
-	return err
+	return nil
 }
 
-// A View is a read-only window on received payload that ReadViews handed to
-// the application without copying it: a whole RX page, which the NIC does
-// not write to again before Release. Payload in less than a whole page, and
-// payload that was not in an RX page (zero copy off, or bytes gVisor copied
-// itself), comes in views of pages of the connection's own, filled by a
-// copy.
-type View struct {
-	b  []byte
-	v  *buffer.View  // mapped: a reference on the RX page's chunk
-	pg *bufpool.Page // copied: a reference on the connection's page
+// CloseRead shuts the reading side down (shutdown(SHUT_RD)): reads return
+// io.EOF once what is queued was read.
+func (c *TCPConn) CloseRead() error { return c.shutdown(tcpip.ShutdownRead) }
+
+// CloseWrite shuts the writing side down (shutdown(SHUT_WR)): the peer
+// reads io.EOF once it read what was written, while this side can still
+// read; a later Write fails with EPIPE.
+func (c *TCPConn) CloseWrite() error { return c.shutdown(tcpip.ShutdownWrite) }
+
+func (c *TCPConn) shutdown(how tcpip.ShutdownFlags) error {
+	if c.closed.Load() {
+		return c.opError("close", net.ErrClosed)
+	}
+	if e := c.ep.Shutdown(how); e != nil {
+		return c.opError("close", syscallErr("shutdown", e))
+	}
+	return nil
 }
 
-// Bytes returns the view's bytes. They must not be written to, nor used
-// after Release.
-func (v *View) Bytes() []byte { return v.b }
+// LocalAddr returns the connection's local address, a *net.TCPAddr.
+func (c *TCPConn) LocalAddr() net.Addr { return tcpOpAddr(c.laddr) }
 
-// Len returns the number of bytes in the view.
-func (v *View) Len() int { return len(v.b) }
+// RemoteAddr returns the peer's address, a *net.TCPAddr.
+func (c *TCPConn) RemoteAddr() net.Addr { return tcpOpAddr(c.raddr) }
 
-// Copied reports whether the view's bytes were copied rather than mapped.
-func (v *View) Copied() bool { return v.pg != nil }
+// SetDeadline sets the read and the write deadline, as SetReadDeadline
+// and SetWriteDeadline.
+func (c *TCPConn) SetDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return c.setError(net.ErrClosed)
+	}
+	c.rd.set(t)
+	c.wd.set(t)
+	return nil
+}
 
-// Release gives the view's page back. The view must not be used again.
-func (v *View) Release() {
+// SetReadDeadline sets the deadline of Read, ReadViews and TryRead (zero:
+// none): past it, and for calls blocked when it passes, they fail with an
+// error wrapping os.ErrDeadlineExceeded, whose Timeout is true, until a
+// later deadline is set. Safe while reads are blocked.
+func (c *TCPConn) SetReadDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return c.setError(net.ErrClosed)
+	}
+	c.rd.set(t)
+	return nil
+}
+
+// SetWriteDeadline sets the deadline of Write, as SetReadDeadline. A Write
+// that times out may have written part of its bytes (its count says how
+// many).
+func (c *TCPConn) SetWriteDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return c.setError(net.ErrClosed)
+	}
+	c.wd.set(t)
+	return nil
+}
+
+// SetNoDelay turns Nagle's algorithm off (true, the default: a write's
+// data is sent at once) or on (TCP_NODELAY).
+func (c *TCPConn) SetNoDelay(noDelay bool) error {
+	if c.closed.Load() {
+		return c.optError(net.ErrClosed)
+	}
+	c.ep.SocketOptions().SetDelayOption(!noDelay)
+	return nil
+}
+
+// SetKeepAlive turns keep-alive probes on or off (SO_KEEPALIVE), sent
+// after the idle time SetKeepAlivePeriod sets (gVisor's default: 2 h).
+func (c *TCPConn) SetKeepAlive(keepalive bool) error {
+	if c.closed.Load() {
+		return c.optError(net.ErrClosed)
+	}
+	c.ep.SocketOptions().SetKeepAlive(keepalive)
+	return nil
+}
+
+// Keep-alive defaults and bounds, as Go's net (tcpsock.go) and Linux's
+// do_tcp_setsockopt (MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL,
+// MAX_TCP_KEEPCNT).
+const (
+	defaultKeepAliveIdle     = 15 * time.Second
+	defaultKeepAliveInterval = 15 * time.Second
+	defaultKeepAliveCount    = 9
+	maxKeepAliveSecs         = 32767
+	maxKeepAliveCount        = 127
+)
+
+// SetKeepAlivePeriod sets the idle time before the first keep-alive probe
+// (TCP_KEEPIDLE), rounded up to whole seconds, as Go's: 0 is Go's
+// default, 15 s; a negative d changes nothing; more than 32767 s fails
+// with EINVAL, as the kernel refuses it.
+func (c *TCPConn) SetKeepAlivePeriod(d time.Duration) error {
+	if c.closed.Load() {
+		return c.optError(net.ErrClosed)
+	}
+	if err := c.setKeepAliveTime(d, defaultKeepAliveIdle, true); err != nil {
+		return c.optError(err)
+	}
+	return nil
+}
+
+// SetKeepAliveConfig sets keep-alive on or off and its idle time, probe
+// interval and probe count, as net.TCPConn.SetKeepAliveConfig: a zero
+// field takes Go's default (15 s, 15 s, 9), a negative one changes
+// nothing; out of the kernel's range (above 32767 s, above 127 probes) is
+// EINVAL.
+func (c *TCPConn) SetKeepAliveConfig(cfg net.KeepAliveConfig) error {
+	if c.closed.Load() {
+		return c.optError(net.ErrClosed)
+	}
+	c.ep.SocketOptions().SetKeepAlive(cfg.Enable)
+	if err := c.setKeepAliveTime(cfg.Idle, defaultKeepAliveIdle, true); err != nil {
+		return c.optError(err)
+	}
+	if err := c.setKeepAliveTime(cfg.Interval, defaultKeepAliveInterval, false); err != nil {
+		return c.optError(err)
+	}
+	n := cfg.Count
 	switch {
-	case v.v != nil:
-		v.v.Release()
-	case v.pg != nil:
-		v.pg.DecRef()
+	case n < 0:
+		return nil
+	case n == 0:
+		n = defaultKeepAliveCount
+	case n > maxKeepAliveCount:
+		return c.optError(errnoErr("setsockopt", syscall.EINVAL))
 	}
-	*v = View{}
-}
-
-// ViewStats counts what ReadViews handed over on a connection. The
-// mappable share, tcp_mmap's "% data was mmap()ed", is MappedBytes /
-// (MappedBytes + CopiedBytes).
-type ViewStats struct {
-	// MappedBytes were handed over in place: whole RX pages, all that
-	// tcp_zerocopy_receive maps. PageBytes, the bytes of mapped views that
-	// are a whole page, equals it since only whole pages are mapped; it
-	// stays for the callers that read it.
-	MappedBytes, PageBytes uint64
-	// CopiedBytes were copied into the connection's own pages;
-	// CopybufBytes of them lay in RX pages but not in a whole page, what
-	// the kernel copies into the copy buffer (tcp_zc_handle_leftover,
-	// zc->copybuf_len) or leaves to recv (recv_skip_hint). The rest of
-	// CopiedBytes was not in an RX page at all.
-	CopiedBytes, CopybufBytes uint64
-	// Views is the number of views handed over.
-	Views uint64
-}
-
-// plus returns st with o's counts added.
-func (st ViewStats) plus(o ViewStats) ViewStats {
-	return ViewStats{
-		MappedBytes:  st.MappedBytes + o.MappedBytes,
-		PageBytes:    st.PageBytes + o.PageBytes,
-		CopiedBytes:  st.CopiedBytes + o.CopiedBytes,
-		CopybufBytes: st.CopybufBytes + o.CopybufBytes,
-		Views:        st.Views + o.Views,
+	if e := c.ep.SetSockOptInt(tcpip.KeepaliveCountOption, n); e != nil {
+		return c.optError(syscallErr("setsockopt", e))
 	}
+	return nil
 }
 
-// viewTotals are the stack's ReadViews counters, over every connection.
-type viewTotals struct {
-	mapped, page, copied, copybuf, views atomic.Uint64
+// setKeepAliveTime sets the keep-alive idle time (idle) or interval to d
+// rounded up to seconds, def if d is 0, nothing if d is negative.
+func (c *TCPConn) setKeepAliveTime(d, def time.Duration, idle bool) error {
+	switch {
+	case d < 0:
+		return nil
+	case d == 0:
+		d = def
+	}
+	secs := (d + time.Second - 1) / time.Second
+	if d > maxKeepAliveSecs*time.Second {
+		return errnoErr("setsockopt", syscall.EINVAL)
+	}
+	var e tcpip.Error
+	if idle {
+		opt := tcpip.KeepaliveIdleOption(secs * time.Second)
+		e = c.ep.SetSockOpt(&opt)
+	} else {
+		opt := tcpip.KeepaliveIntervalOption(secs * time.Second)
+		e = c.ep.SetSockOpt(&opt)
+	}
+	if e != nil {
+		return syscallErr("setsockopt", e)
+	}
+	return nil
 }
 
-// add adds one read's counts to the totals.
-func (t *viewTotals) add(st ViewStats) {
-	t.mapped.Add(st.MappedBytes)
-	t.page.Add(st.PageBytes)
-	t.copied.Add(st.CopiedBytes)
-	t.copybuf.Add(st.CopybufBytes)
-	t.views.Add(st.Views)
+// SetLinger sets what Close does with data not yet sent (SO_LINGER), as
+// net.TCPConn.SetLinger: sec < 0 (the default) sends it in the
+// background, then the FIN; sec == 0 discards it and resets the
+// connection (RST), so that the peer's reads fail with ECONNRESET; sec >
+// 0 is as sec < 0 (Close does not block, which Go's documentation
+// allows).
+func (c *TCPConn) SetLinger(sec int) error {
+	if c.closed.Load() {
+		return c.optError(net.ErrClosed)
+	}
+	opt := tcpip.LingerOption{Enabled: sec >= 0}
+	if sec > 0 {
+		opt.Timeout = time.Duration(min(sec, math.MaxInt32)) * time.Second
+	}
+	c.ep.SocketOptions().SetLinger(opt)
+	return nil
 }
 
-func (t *viewTotals) each(fn func(string, uint64)) {
-	fn("zc_read_mapped_bytes", t.mapped.Load())
-	fn("zc_read_page_bytes", t.page.Load())
-	fn("zc_read_copied_bytes", t.copied.Load())
-	fn("zc_read_copybuf_bytes", t.copybuf.Load())
-	fn("zc_read_views", t.views.Load())
+// SetReadBuffer sets the receive buffer (SO_RCVBUF), which also turns its
+// auto-tuning off, as the kernel's; gVisor bounds it. A negative size
+// fails with EINVAL (the kernel would take it as its maximum).
+func (c *TCPConn) SetReadBuffer(bytes int) error {
+	if c.closed.Load() {
+		return c.setError(net.ErrClosed)
+	}
+	if bytes < 0 {
+		return c.setError(errnoErr("setsockopt", syscall.EINVAL))
+	}
+	c.ep.SocketOptions().SetReceiveBufferSize(int64(bytes), true)
+	return nil
 }
 
-// ViewStats returns the connection's ReadViews counters. Call it from the
-// reading goroutine or after reads stopped.
-func (c *TCPConn) ViewStats() ViewStats { return c.stats }
+// SetWriteBuffer sets the send buffer (SO_SNDBUF), as SetReadBuffer.
+func (c *TCPConn) SetWriteBuffer(bytes int) error {
+	if c.closed.Load() {
+		return c.setError(net.ErrClosed)
+	}
+	if bytes < 0 {
+		return c.setError(errnoErr("setsockopt", syscall.EINVAL))
+	}
+	c.ep.SocketOptions().SetSendBufferSize(int64(bytes), true)
+	return nil
+}
 
 // Retransmits returns the number of segments the connection retransmitted
 // (its gVisor endpoint's SendErrors.Retransmits; Linux's tcpi_total_retrans).
@@ -251,209 +456,18 @@ func (c *TCPConn) Retransmits() uint64 {
 	return 0
 }
 
-// ReadViews reads up to max bytes of payload, without copying what it can:
-// it appends views of the RX pages that hold them to vs and returns the
-// result and the number of bytes. It follows tcp_mmap's rule
-// (tcp_zerocopy_receive): only a whole, page-aligned page of the RX pool is
-// handed over in place; the rest (parts of pages) is copied into the
-// connection's own pages, as the kernel leaves it to the copy buffer or
-// recv. A whole page that max cuts is left for the next read, unless it is
-// the first thing read. So the mappable share depends on the receive path:
-// with hardware GRO coalescing frags are whole pages, with software GRO and
-// MTU-sized frames they are not. It blocks until at least one byte is
-// there, like Read, and returns io.EOF once the peer closed and everything
-// was read. Each view must be released; until then its page stays out of
-// the pool. Pass vs[:0] of a reused slice to read without allocating.
-func (c *TCPConn) ReadViews(vs []View, max int) ([]View, int, error) {
-	if max <= 0 {
-		return vs, 0, nil
-	}
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
-	c.w = viewWriter{c: c, mem: c.s.chunks(), views: vs, left: max}
-	if c.w.mem != nil {
-		if c.page == 0 {
-			st := c.s.drv.Pool().Stats()
-			c.page = st.PageBytes >> st.AllocOrder
-		}
-		c.w.page = c.page
-	}
-	res, err := c.ep.Read(&c.w, tcpip.ReadOptions{})
-	if _, ok := err.(*tcpip.ErrWouldBlock); ok {
-		res, err = c.waitRead()
-	}
-	vs, got := c.w.views, c.w.got
-	c.w = viewWriter{}
-	c.stats = c.stats.plus(got)
-	c.s.views.add(got)
-	if err != nil {
-		if _, ok := err.(*tcpip.ErrClosedForReceive); ok {
-			return vs, 0, io.EOF
-		}
-		if _, ok := err.(*tcpip.ErrTimeout); ok {
-			return vs, 0, c.opError(errTimeout{})
-		}
-		return vs, 0, c.opError(errors.New(err.String()))
-	}
-	if res.Count > 0 {
-		c.ep.ModerateRecvBuf(res.Count)
-	}
-	return vs, res.Count, nil
+// opError is an error of c's op as net's conn reports it: the local
+// address as Source, the peer's as Addr.
+func (c *TCPConn) opError(op string, err error) error {
+	return opError(op, c.net, tcpOpAddr(c.laddr), tcpOpAddr(c.raddr), err)
 }
 
-// waitRead waits until ep.Read returns something or the read deadline
-// passes (reported as ErrTimeout).
-//
-// +checklocks:c.readMu
-func (c *TCPConn) waitRead() (tcpip.ReadResult, tcpip.Error) {
-	if c.ready == nil {
-		c.entry, c.ready = waiter.NewChannelEntry(waiter.ReadableEvents)
-	}
-	c.wq.EventRegister(&c.entry)
-	defer c.wq.EventUnregister(&c.entry)
-	var expired <-chan time.Time
-	for {
-		res, err := c.ep.Read(&c.w, tcpip.ReadOptions{})
-		if _, ok := err.(*tcpip.ErrWouldBlock); !ok {
-			return res, err
-		}
-		if d := c.deadline.Load(); d != 0 && expired == nil {
-			wait := time.Until(time.Unix(0, d))
-			if wait <= 0 {
-				return tcpip.ReadResult{}, &tcpip.ErrTimeout{}
-			}
-			if c.timer == nil {
-				c.timer = time.NewTimer(wait)
-			} else {
-				c.timer.Reset(wait)
-			}
-			defer c.timer.Stop()
-			expired = c.timer.C
-		}
-		select {
-		case <-c.ready:
-		case <-expired:
-			return tcpip.ReadResult{}, &tcpip.ErrTimeout{}
-		}
-	}
-}
+// optError is a failed option's (SetLinger, SetKeepAlive, SetNoDelay),
+// as net.TCPConn's.
+func (c *TCPConn) optError(err error) error { return c.opError("set", err) }
 
-func (c *TCPConn) opError(err error) error {
-	return &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
-}
-
-// errTimeout is a read deadline's error, a net.Error with Timeout true.
-type errTimeout struct{}
-
-func (errTimeout) Error() string   { return "i/o timeout" }
-func (errTimeout) Timeout() bool   { return true }
-func (errTimeout) Temporary() bool { return true }
-
-// copyPageSize is the size of the pages a connection copies payload into
-// when it cannot map it.
-const copyPageSize = 64 << 10
-
-// copyView copies as much of b as fits in the current copy page into a view.
-//
-// +checklocks:c.readMu
-func (c *TCPConn) copyView(b []byte) (View, int, error) {
-	if c.copies == nil {
-		p, err := bufpool.New(bufpool.Config{PageSize: bufpool.PageSize64K, RingSize: 64})
-		if err != nil {
-			return View{}, 0, err
-		}
-		c.copies = p
-	}
-	if c.cur != nil && c.curOff == len(c.cur.Bytes()) {
-		c.copies.Recycle(c.cur)
-		c.cur = nil
-	}
-	if c.cur == nil {
-		pg, err := c.copies.Get()
-		if err != nil {
-			return View{}, 0, err
-		}
-		c.cur, c.curOff = pg, 0
-	}
-	dst := c.cur.Bytes()[c.curOff:]
-	n := copy(dst, b)
-	c.cur.IncRef()
-	c.curOff += n
-	return View{b: dst[:n:n], pg: c.cur}, n, nil
-}
-
-// viewWriter is the io.Writer ReadViews gives gVisor's Read: gVisor writes
-// the slices of its receive queue (one per view of its buffers: the RX
-// pages' frags as the stack lent them), in order, and each becomes a view.
-type viewWriter struct {
-	c     *TCPConn
-	mem   *viewMemory // the zero-copy stack's RX pages, or nil
-	page  int         // their base page size, with mem
-	views []View
-	left  int
-	got   ViewStats // this read's counts
-}
-
-// Write takes b (or the part of it that fits in what ReadViews may still
-// read) as views: in place if it is a whole RX page (viewMemory.mapPage),
-// else copied. A short write tells gVisor to stop. gVisor's Read calls it
-// from ReadViews, under readMu.
-//
-// +checklocks:w.c.readMu
-func (w *viewWriter) Write(b []byte) (int, error) {
-	n := min(len(b), w.left)
-	if n == 0 {
-		return 0, io.ErrShortWrite
-	}
-	st := &w.got
-	rest := b[:n]
-	inRX := false
-	if w.mem != nil && n < len(b) && st.MappedBytes+st.CopiedBytes > 0 {
-		// A whole page the limit cuts stays for the next read, as
-		// tcp_zerocopy_receive maps only the whole pages that fit and
-		// leaves the rest queued; with nothing read yet it is copied, as
-		// a zerocopy receive shorter than a page leaves it to recv.
-		if v, _ := w.mem.mapPage(b, w.page); v != nil {
-			v.Release()
-			return 0, io.ErrShortWrite
-		}
-	}
-	if w.mem != nil {
-		var v *buffer.View
-		if v, inRX = w.mem.mapPage(rest, w.page); v != nil {
-			w.views = append(w.views, View{b: rest[:len(rest):len(rest)], v: v})
-			st.MappedBytes += uint64(len(rest))
-			st.PageBytes += uint64(len(rest))
-			st.Views++
-			rest = nil
-		}
-	}
-	for len(rest) > 0 {
-		v, m, err := w.c.copyView(rest)
-		if err != nil {
-			w.left -= n - len(rest)
-			return n - len(rest), err
-		}
-		w.views = append(w.views, v)
-		st.CopiedBytes += uint64(m)
-		if inRX {
-			st.CopybufBytes += uint64(m)
-		}
-		st.Views++
-		rest = rest[m:]
-	}
-	w.left -= n
-	if n < len(b) {
-		return n, io.ErrShortWrite
-	}
-	return n, nil
-}
-
-// chunks returns the zero-copy stack's page memory, or nil.
-func (s *Stack) chunks() *viewMemory {
-	if s == nil || s.drv == nil || s.ep.lend == nil {
-		return nil
-	}
-	m, _ := s.drv.Pool().Memory().(*viewMemory)
-	return m
+// setError is a failed deadline's or buffer size's, as net's conn reports
+// it: no Source, the local address as Addr.
+func (c *TCPConn) setError(err error) error {
+	return opError("set", c.net, nil, tcpOpAddr(c.laddr), err)
 }

@@ -1,8 +1,7 @@
 package stack
 
 import (
-	"errors"
-	"io"
+	"net"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -31,11 +30,21 @@ func (c *TCPConn) NotifyReadable() (ready <-chan struct{}, stop func()) {
 }
 
 // TryRead reads what is queued into b without blocking: (0, nil) if
-// nothing is, io.EOF once the peer closed and everything was read. Like
-// Read, it lets receive-buffer auto-tuning see what the application took.
+// nothing is, io.EOF once the peer closed and everything was read; its
+// other errors are Read's. Like Read, it lets receive-buffer auto-tuning
+// see what the application took. It does not wait for a Read or ReadViews
+// blocked on another goroutine: it reads beside it.
 func (c *TCPConn) TryRead(b []byte) (int, error) {
-	w := tcpip.SliceWriter(b)
-	res, err := c.ep.Read(&w, tcpip.ReadOptions{})
+	if c.closed.Load() {
+		return 0, c.opError("read", net.ErrClosed)
+	}
+	if c.rd.expired() {
+		return 0, c.opError("read", errDeadline)
+	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	res, err := c.tryRead(b)
 	if res.Count > 0 {
 		c.ep.ModerateRecvBuf(res.Count)
 	}
@@ -44,9 +53,23 @@ func (c *TCPConn) TryRead(b []byte) (int, error) {
 		return res.Count, nil
 	case *tcpip.ErrWouldBlock:
 		return 0, nil
-	case *tcpip.ErrClosedForReceive:
-		return 0, io.EOF
 	default:
-		return 0, c.opError(errors.New(err.String()))
+		return 0, c.readErr(err)
 	}
+}
+
+// tryRead is TryRead's read: into the connection's own writer (no
+// allocation) if no other read holds readMu, else into one of its own.
+//
+// +checklocksignore: readMu is taken with TryLock.
+func (c *TCPConn) tryRead(b []byte) (tcpip.ReadResult, tcpip.Error) {
+	if !c.readMu.TryLock() {
+		w := tcpip.SliceWriter(b)
+		return c.ep.Read(&w, tcpip.ReadOptions{})
+	}
+	defer c.readMu.Unlock()
+	c.sw = tcpip.SliceWriter(b)
+	res, err := c.ep.Read(&c.sw, tcpip.ReadOptions{})
+	c.sw = nil
+	return res, err
 }

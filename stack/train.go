@@ -175,6 +175,7 @@ type trainTable struct {
 	local atomic.Pointer[localAddrs]
 	drv   *driver.Driver // the packets' driver, for their truesize; set before use
 	l3    bool           // the packets are a TUN's, without an Ethernet header
+	pcap  *PcapWriter    // Config.Pcap, or nil; set before use
 	// malformed counts the UDP packets dropped for a UDP length under 8
 	// or past the IP payload, or a train of more than
 	// driver.UDPMaxSegments datagrams, by deliver and splitUDP
@@ -250,10 +251,14 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	if c.addr.IsValid() && !c.addr.IsUnspecified() && c.addr != udpDest(l, l3) {
 		return false
 	}
-	if n, ok := udpPayloadLen(p, l3, l4); !ok || udpSegments(p, n) > driver.UDPMaxSegments {
+	n, ok := udpPayloadLen(p, l3, l4)
+	if !ok || udpSegments(p, n) > driver.UDPMaxSegments {
 		t.malformed.Add(1)
 		p.Release()
 		return true
+	}
+	if t.pcap != nil {
+		t.pcap.writeTrain(time.Now(), p, l4+header.UDPMinimumSize, n) // once, whole, as splitUDP
 	}
 	// __udp_enqueue_schedule_skb: drop the train if the queue already
 	// holds more than the receive buffer, else charge it and queue it (so

@@ -487,6 +487,9 @@ func (t *udpSender) writeGSO(c *TrainConn, m *Message, fa tcpip.FullAddress, tot
 			parts = append(parts, b)
 		}
 	}
+	if st.ep.pcap != nil {
+		st.ep.pcap.WriteFrame(time.Now(), parts...) // the super-frame, as transmitLocked records
+	}
 	err := st.drv.Transmit(&vh, parts)
 	clear(parts)
 	t.parts = parts[:0]

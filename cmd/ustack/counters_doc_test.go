@@ -11,9 +11,9 @@ import (
 	"github.com/ustack/ustack/cpumap"
 	"github.com/ustack/ustack/driver"
 	"github.com/ustack/ustack/driver/xsk"
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/stack"
 	"github.com/ustack/ustack/stack/serve"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 // TestCountersDocumented checks that docs/counters.md explains every

@@ -1,8 +1,10 @@
 // Command ustack runs ustack, a userspace TCP/IP receive stack, on a TAP
-// device, and measures it.
+// or TUN device, and measures it.
 //
-//	ustack run   -tap NAME -addr CIDR [flags]   serve discard/echo on a TAP
-//	ustack bench [flags]                        build a namespace and TAP, measure policies
+//	ustack run    -tap|-tun NAME -addr CIDR [flags]  serve discard, echo, iperf3, sockperf on a TAP or TUN
+//	ustack bench  [flags]                       build a namespace and TAP, measure policies against the kernel
+//	ustack send   -addr HOST:PORT [flags]       the bench's kernel sender (TCP bulk, UDP, request/response)
+//	ustack xskgen [flags]                       send UDP from an AF_XDP-style socket through a TAP, time TX metadata
 //
 // Run `ustack <command> -h` for the flags of each.
 package main
@@ -21,36 +23,77 @@ type usageError struct{ err error }
 
 func (e usageError) Error() string { return e.err.Error() }
 
+// command is one subcommand of ustack: its name, its line in the help and
+// the function that runs it on its arguments.
+type command struct {
+	name, args, summary string
+	run                 func(args []string) error
+}
+
+// commands are every subcommand main dispatches to, in the order the help
+// lists them.
+var commands = []command{
+	{"run", "-tap|-tun NAME -addr CIDR [flags]", "serve discard, echo, iperf3, sockperf on a TAP or TUN", runCmd},
+	{"bench", "[flags]", "build a namespace and TAP, measure policies against the kernel", benchCmd},
+	{"send", "-addr HOST:PORT [flags]", "the bench's kernel sender (TCP bulk, UDP, request/response)", sendCmd},
+	{"xskgen", "[flags]", "send UDP from an AF_XDP-style socket through a TAP, time TX metadata", xskgenCmd},
+}
+
+// usage prints the help: a line per command.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: ustack <command> [flags]")
+	fmt.Fprintln(w)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-7s %-34s %s\n", c.name, c.args, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run `ustack <command> -h` for the flags of each.")
+}
+
+// commandNames is the commands' names joined for an error message.
+func commandNames() string {
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	return strings.Join(names, ", ")
+}
+
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: ustack run|bench [flags]   (ustack <command> -h for flags)")
+		usage(os.Stderr)
 		os.Exit(2)
 	}
+	os.Exit(dispatch(os.Args[1], os.Args[2:], os.Stdout, os.Stderr))
+}
+
+// dispatch runs the command named cmd on args and returns the exit status:
+// 0, 1 when the command failed, 2 for a bad command line. The help goes to
+// stdout, errors to stderr.
+func dispatch(cmd string, args []string, stdout, stderr io.Writer) int {
 	var err error
-	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
-	case "run":
-		err = runCmd(args)
-	case "bench":
-		err = benchCmd(args)
-	case "send":
-		err = sendCmd(args)
-	case "xskgen":
-		err = xskgenCmd(args)
+	switch cmd {
 	case "-h", "-help", "--help", "help":
-		fmt.Println("usage: ustack run|bench [flags]   (ustack <command> -h for flags)")
-		return
+		usage(stdout)
+		return 0
 	default:
-		err = usageError{fmt.Errorf("unknown command %q: want run or bench", cmd)}
+		err = usageError{fmt.Errorf("unknown command %q: want one of %s", cmd, commandNames())}
+		for _, c := range commands {
+			if c.name == cmd {
+				err = c.run(args)
+				break
+			}
+		}
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {
-		return
+		return 0
 	}
-	fmt.Fprintf(os.Stderr, "ustack %s: %v\n", os.Args[1], err)
+	fmt.Fprintf(stderr, "ustack %s: %v\n", cmd, err)
 	var ue usageError
 	if errors.As(err, &ue) {
-		os.Exit(2)
+		return 2
 	}
-	os.Exit(1)
+	return 1
 }
 
 // parseFlags parses args into fs; errors become usage errors. -h prints the

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,7 +57,10 @@ func benchBinary(t *testing.T) string {
 		t.Skip("needs root for TAP and netns; run go test -exec sudo ./cmd/ustack")
 	}
 	bin := filepath.Join(t.TempDir(), "ustack")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	// The go command of the toolchain that built the test: under
+	// `go test -exec sudo` PATH is sudo's secure_path, without Go's.
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Skipf("cannot build ustack (%v): %s", err, out)
 	}
 	return bin

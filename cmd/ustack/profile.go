@@ -9,6 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/serve"
+	"github.com/ustack/ustack/stack/stackprom"
 )
 
 // startCPUProfile starts a CPU profile of the whole process into path (the
@@ -32,13 +36,13 @@ func startCPUProfile(path string) (stop func(), err error) {
 	}, nil
 }
 
-// metricsMux serves run's -metrics address: every counter each enumerates
-// as Prometheus metrics at /metrics, and Go's profiles (net/http/pprof) at
+// metricsMux serves run's -metrics address: the metrics c collects (run's:
+// runCollector) at /metrics, and Go's profiles (net/http/pprof) at
 // /debug/pprof/, so a user can see where ustack's CPU goes while it runs
 // (`go tool pprof http://ADDR/debug/pprof/profile?seconds=10`).
-func metricsMux(each func(fn func(name string, v uint64))) *http.ServeMux {
+func metricsMux(c prometheus.Collector) *http.ServeMux {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(each))
+	reg.MustRegister(c)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -47,4 +51,10 @@ func metricsMux(each func(fn func(name string, v uint64))) *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
+}
+
+// runCollector exports run's counters as Prometheus metrics: the stack's,
+// then its servers' (st), as printCounters prints them.
+func runCollector(s *stack.Stack, st *serve.Stats) prometheus.Collector {
+	return stackprom.NewCollector(s, stackprom.WithCounters(st.EachCounter))
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,7 +32,9 @@ func runCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	sig := make(chan os.Signal, 1)
+	// Room for two: the first starts the shutdown, a second, sent before
+	// the first was taken, still cuts its grace short.
+	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
 	open := func(name string) (driver.Wire, error) {
@@ -67,6 +70,7 @@ type runOptions struct {
 	discard, echo, iperf3 netip.AddrPort // invalid: not served
 	sockperf              netip.AddrPort
 	stats                 time.Duration
+	grace                 time.Duration // -shutdown-grace
 	pcap, pcapWire        string
 	metrics               string
 	srvCfg                serve.Config
@@ -84,9 +88,10 @@ func parseRun(args []string) (*runOptions, error) {
 	fs.StringVar(&discard, "discard", "", "serve TCP and UDP discard on [ADDR]:PORT")
 	fs.StringVar(&echo, "echo", "", "serve TCP and UDP echo on [ADDR]:PORT")
 	fs.StringVar(&iperf3, "iperf3", "", "serve the iperf3 protocol (iperf3 -s) on [ADDR]:PORT, e.g. :5201")
-	fs.StringVar(&sockperf, "sockperf", "", "serve the sockperf protocol (sockperf server, TCP and UDP) on [ADDR]:PORT, e.g. :11111")
+	fs.StringVar(&sockperf, "sockperf", "", "serve the sockperf protocol (sockperf server, TCP and UDP) on [ADDR]:PORT, e.g. :11111. TCP connections within the -server-* bounds (and twice -server-conns-per-source per /24 or /64), their read buffers from a shared 64 MiB (sockperf_buffer_waits), each message whole within 10s of its first byte (sockperf_message_timeouts)")
 	fs.DurationVar(&o.stats, "stats", 0, "print counters every DURATION (0: only at exit)")
-	fs.StringVar(&o.pcap, "pcap", "", "write the packets as handed to gVisor (after GRO) to this pcap file")
+	fs.DurationVar(&o.grace, "shutdown-grace", defaultShutdownGrace, "on SIGINT or SIGTERM, give every TCP connection up to DURATION to deliver what was written and its FIN (Stack.Shutdown), then reset what is left; a second signal resets at once (0: reset at once)")
+	fs.StringVar(&o.pcap, "pcap", "", "write the packets as handed to gVisor (after GRO) and the frames sent to this pcap file")
 	fs.StringVar(&o.pcapWire, "pcap-wire", "", "write the frames as read from the TAP to this pcap file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100), and Go's profiles at http://ADDR/debug/pprof/")
 	o.pol.register(fs)
@@ -113,6 +118,9 @@ func parseRun(args []string) (*runOptions, error) {
 	}
 	if o.stats < 0 {
 		return nil, usageError{fmt.Errorf("-stats %v: want a positive duration", o.stats)}
+	}
+	if o.grace < 0 {
+		return nil, usageError{fmt.Errorf("-shutdown-grace %v: want 0 or more", o.grace)}
 	}
 	var err error
 	o.pol.l3 = o.tun != "" // -xdp's program then reads IP packets
@@ -178,6 +186,10 @@ type runner struct {
 	// servers' goroutines), then the pcap files.
 	cleanups []func()
 	closeErr error // the stack's Close
+	// graceSig, once wait got a signal on it, makes the stack's cleanup
+	// shut down gracefully first (drain); another signal on it cuts that
+	// short.
+	graceSig <-chan os.Signal
 }
 
 func newRunner(o *runOptions, stdout, stderr io.Writer) *runner {
@@ -246,7 +258,11 @@ func (r *runner) build(open func(tap string) (driver.Wire, error)) error {
 		return err
 	}
 	r.onShutdown(func() {
-		r.closeErr = r.s.Close()
+		var err error
+		if r.graceSig != nil && r.o.grace > 0 {
+			err = r.drain(r.graceSig)
+		}
+		r.closeErr = errors.Join(err, r.s.Close())
 		r.wg.Wait()
 	})
 	r.counters = allCounters(r.s, &r.srvStats)
@@ -325,7 +341,7 @@ func (r *runner) serve() error {
 		if err != nil {
 			return usageError{fmt.Errorf("-metrics %q: %w", o.metrics, err)}
 		}
-		srv := &http.Server{Handler: metricsMux(r.counters), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: metricsMux(runCollector(r.s, &r.srvStats)), ReadHeaderTimeout: 5 * time.Second}
 		r.onShutdown(func() { srv.Close() })
 		r.start(func() error {
 			if err := srv.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -358,6 +374,7 @@ func (r *runner) wait(sig <-chan os.Signal) error {
 			printCounters(r.stdout, r.counters)
 		case <-sig:
 			done = true
+			r.graceSig = sig
 		case <-r.s.Done():
 			done = true
 			if rxErr = r.s.Err(); rxErr == nil {
@@ -365,14 +382,53 @@ func (r *runner) wait(sig <-chan os.Signal) error {
 			}
 		}
 	}
-	// The servers stop first (their cleanups are the last added), so that
-	// the final counters are final.
+	// The servers stop first (their cleanups are the last added): they
+	// close their connections, as close(2) does, and after a signal the
+	// stack's Shutdown then lets those deliver what they queued, within
+	// -shutdown-grace; so the final counters are final.
 	r.shutdown()
 	printCounters(r.stdout, r.counters)
 	if rxErr != nil {
 		return fmt.Errorf("receive stopped: %w", rxErr)
 	}
 	return r.closeErr
+}
+
+// defaultShutdownGrace is -shutdown-grace's default: a peer that reads
+// acknowledges the FIN within a round trip, so this is for the slow
+// readers, well inside what service managers give between SIGTERM and
+// SIGKILL (systemd's TimeoutStopSec 90 s, Kubernetes'
+// terminationGracePeriodSeconds 30 s).
+const defaultShutdownGrace = 5 * time.Second
+
+// drain shuts the stack down gracefully (Stack.Shutdown) for up to
+// -shutdown-grace, or until another signal on sig, after which Shutdown
+// resets the connections left. Either is logged, not an error; the error
+// is the stack's Close's.
+func (r *runner) drain(sig <-chan os.Signal) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.grace)
+	defer cancel()
+	stop, again := make(chan struct{}), make(chan bool, 1)
+	go func() {
+		select {
+		case <-sig:
+			cancel()
+			again <- true
+		case <-stop:
+			again <- false
+		}
+	}()
+	err := r.s.Shutdown(ctx)
+	close(stop)
+	if <-again && errors.Is(err, context.Canceled) {
+		r.logf("second signal: connections reset")
+	} else if errors.Is(err, context.DeadlineExceeded) {
+		r.logf("-shutdown-grace %v over: connections reset", r.o.grace)
+	}
+	if err == context.DeadlineExceeded || err == context.Canceled {
+		return nil // Close went well
+	}
+	return err
 }
 
 // parseServe parses [ADDR]:PORT for a server flag. An empty host serves on

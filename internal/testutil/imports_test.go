@@ -9,7 +9,7 @@ import (
 )
 
 // TestOnlyTestsImport checks that no package's non-test code imports
-// testutil, but internal/stacktest (itself test code): the tests' helpers
+// testutil, but stack/stacktest (itself test code): the tests' helpers
 // stay out of every binary and library.
 func TestOnlyTestsImport(t *testing.T) {
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
@@ -18,7 +18,7 @@ func TestOnlyTestsImport(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	const self = "github.com/ustack/ustack/internal/testutil"
-	allowed := map[string]bool{"github.com/ustack/ustack/internal/stacktest": true}
+	allowed := map[string]bool{"github.com/ustack/ustack/stack/stacktest": true}
 	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		for _, imp := range fields[1:] {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/internal/stacktest"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 func TestEchoAndUDPMem(t *testing.T) {

@@ -5,8 +5,8 @@ import (
 	"math/rand/v2"
 	"net"
 
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 // counterMap returns the counters of s and, if st is not nil, those of the

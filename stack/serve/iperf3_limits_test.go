@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 // TestIPerf3SpoofedHello: a UDP hello from another address than the

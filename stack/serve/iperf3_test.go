@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 // The tests play the iperf3 client over the in-memory wire, message by

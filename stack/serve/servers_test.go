@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 // TestServeConnLimit: a server at its connection limit closes the next

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/ustack/ustack/driver"
-	"github.com/ustack/ustack/internal/stacktest"
 	"github.com/ustack/ustack/internal/testutil"
 	"github.com/ustack/ustack/stack"
+	"github.com/ustack/ustack/stack/stacktest"
 )
 
 // spMsg builds a sockperf message of n bytes (n >= 14, the header's

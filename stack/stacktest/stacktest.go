@@ -1,7 +1,19 @@
-// Package stacktest builds stacks for the tests of the packages above
-// stack (stack/serve, cmd/ustack): two stacks joined by an in-memory wire,
-// as stack's own tests build them (stack cannot import this package: its
-// tests keep their own copy). Test code only; nothing here needs root.
+// Package stacktest provides utilities for testing code that runs on a
+// ustack stack, as net/http/httptest does for HTTP: two stacks joined by
+// an in-memory wire (Pair, NewPair; no root needed), a stack on a fresh TAP
+// device in a fresh network namespace whose kernel side is the peer
+// (NewTAP; root and Linux, skipped otherwise), and Counters to read a
+// stack's counters into a map.
+//
+// Everything a constructor builds is removed by the test's cleanup
+// (testing.TB.Cleanup), also when the test fails: the stacks are closed,
+// the TAP device and the namespace deleted. Namespaces are named
+// stacktest-PID-N and get no default route, so nothing a test sends can
+// leave them.
+//
+// The stacks' RX pages come from pools that poison what comes back, so that
+// a use after release reads garbage, and cleanup fails the test if a page
+// is still out after the stack closed.
 package stacktest
 
 import (
