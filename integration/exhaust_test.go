@@ -525,6 +525,7 @@ func TestExhaustManyConnections(t *testing.T) {
 	}
 	defer l.Close()
 	var ok, bad atomic.Int64
+	var firstBad atomic.Value // the first bad connection's error, for the log
 	var srv sync.WaitGroup
 	srv.Add(1)
 	go func() {
@@ -543,6 +544,7 @@ func TestExhaustManyConnections(t *testing.T) {
 				var id [8]byte
 				if _, err := io.ReadFull(pc, id[:]); err != nil {
 					bad.Add(1)
+					firstBad.CompareAndSwap(nil, fmt.Sprintf("reading the id: %v", err))
 					return
 				}
 				seed := binary.BigEndian.Uint64(id[:])
@@ -554,6 +556,7 @@ func TestExhaustManyConnections(t *testing.T) {
 					ok.Add(1)
 				} else {
 					bad.Add(1)
+					firstBad.CompareAndSwap(nil, fmt.Sprintf("%d of %d bytes, err %v", m, size, err))
 				}
 			}()
 		}
@@ -624,7 +627,7 @@ func TestExhaustManyConnections(t *testing.T) {
 		t.Errorf("kernel side: %d dial errors, %d send errors, want 0", dialErrs.Load(), sendErrs.Load())
 	}
 	if ok.Load() != conns {
-		t.Errorf("connections intact: got %d, want %d", ok.Load(), conns)
+		t.Errorf("connections intact: got %d, want %d; first bad: %v", ok.Load(), conns, firstBad.Load())
 		tl.lost.Add((conns - ok.Load()) * size)
 	}
 	tl.load.Add(ok.Load())
