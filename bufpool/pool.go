@@ -4,7 +4,7 @@
 // A Page carries a reference count. Whoever holds a Frag of a page holds one
 // reference; the NIC model holds one more while the page is in the WQE it
 // fills. Pages are recycled as mlx4 recycles order-0 pages since "mlx4:
-// Better use of order-0 pages in RX path" (seed 001), in the manner of the
+// Better use of order-0 pages in RX path" (mlx4's page-recycling patch), in the manner of the
 // kernel's page_pool:
 //
 //   - When the NIC model retires a page it calls Recycle instead of its final
@@ -36,7 +36,7 @@
 //
 // The quarantine ring above serves the striding RQ (mlx5's page_pool). The
 // cyclic RQ, mlx4's kind of ring, places its frames with RXFrags instead,
-// as mlx4 did before and after seed 001's patch: pages from GetUnit
+// as mlx4 did before and after its page-recycling patch: pages from GetUnit
 // (high-order allocations split into order-0 units) in a pool array with a
 // quarantine half, or one order-0 page per RX slot with NoRecycle.
 //
@@ -66,7 +66,7 @@ import (
 )
 
 // Page sizes a pool can be built with: the base page of x86 and of the 64 KB
-// page machines (PowerPC) that seed 001 talks about.
+// page machines (PowerPC) that mlx4's page-recycling patch talks about.
 const (
 	PageSize4K  = 4096
 	PageSize64K = 65536
@@ -123,7 +123,7 @@ type Config struct {
 	// RingSize is the quarantine capacity in pages (0: DefaultRingSize).
 	RingSize int
 	// NoRecycle turns recycling off: no quarantine ring, Recycle is DecRef
-	// and every Get allocates (the behaviour seed 001 fixes).
+	// and every Get allocates (the behaviour mlx4's page-recycling patch fixes).
 	NoRecycle bool
 	// Now is the clock for the order recovery (nil: time.Now).
 	Now func() time.Time
@@ -729,7 +729,7 @@ func (p *Pool) alloc(order int32) (*Page, error) {
 }
 
 // GetUnit returns an order-0 page (PageSize bytes) holding one reference,
-// the caller's, or ErrExhausted, as mlx4_alloc_page does since seed 001:
+// the caller's, or ErrExhausted, as mlx4_alloc_page does since mlx4's page-recycling patch:
 // the next unit of the last high-order allocation, else a new allocation
 // at the current order (Config.Order, lowered after a failure and raised
 // one step per RecoverInterval, mlx4_en_recover_from_oom) split into

@@ -3,7 +3,7 @@ package bufpool
 import "fmt"
 
 // RXFrags places the frames of a cyclic RQ (mlx4's kind of ring, one
-// buffer per descriptor) in pages, as mlx4's en_rx.c does around seed 001,
+// buffer per descriptor) in pages, as mlx4's en_rx.c does around its page-recycling patch,
 // "mlx4: Better use of order-0 pages in RX path". Two modes:
 //
 //   - Before the patch (packed false; Config.NoRecycle): one order-0 page

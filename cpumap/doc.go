@@ -2,7 +2,7 @@
 // Program redirects to another CPU are moved, in bulks, through a ring to a
 // worker goroutine pinned to that CPU, which hands them to its own Receiver
 // (in ustack a standalone GRO engine), as the kernel's BPF_MAP_TYPE_CPUMAP
-// does with its kthreads (kernel/bpf/cpumap.c; seed 004 gives each kthread
+// does with its kthreads (kernel/bpf/cpumap.c; the cpumap GRO patch gives each kthread
 // its own GRO instance).
 //
 // # Programs

@@ -76,7 +76,7 @@ func (m *HWGROMode) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// HDSAuto selects the minimal header copy of seed 000: only the bytes the
+// HDSAuto selects the minimal header copy of the mlx5 header-copy patch: only the bytes the
 // CQE's L3/L4 types say are headers go into the linear part.
 const HDSAuto = 0
 
@@ -194,7 +194,7 @@ type Config struct {
 	// it split (udp_rcv_segment). Off: cut into the datagrams the wire
 	// would have carried, as a NIC receives them (mlx5 has no UDP LRO).
 	RxUSO bool
-	// HDS is the header copy size: HDSAuto (minimal headers, seed 000) or a
+	// HDS is the header copy size: HDSAuto (minimal headers, the mlx5 header-copy patch) or a
 	// fixed byte count (256 is the old mlx5 behaviour).
 	HDS int
 	// Budget is the NAPI budget: frames per poll batch (default 64). The
@@ -259,7 +259,7 @@ type Config struct {
 	StrideSize int
 	// WQEBytes is the size of one striding WQE (default 256 KB).
 	WQEBytes int
-	// HWGRO is hardware GRO (SHAMPO): off, on, or coalesce (seed 002).
+	// HWGRO is hardware GRO (SHAMPO): off, on, or coalesce (the SHAMPO coalescing patch).
 	HWGRO HWGROMode
 	// XDP says an XDP program is attached (the stack's Config.XDP or an
 	// AF_XDP socket's program). As mlx5 with a program: LRO and hardware
@@ -283,7 +283,7 @@ type Config struct {
 	// this long (default DefaultHWGROTimeout).
 	HWGROTimeout time.Duration
 	// PagePerFrame starts every frame on a fresh page, as a driver without
-	// page recycling does (the behaviour seed 001 fixes): a 64 KB GRO packet
+	// page recycling does (the behaviour mlx4's page-recycling patch fixes): a 64 KB GRO packet
 	// of 1500-byte frames then spans 45 pages.
 	PagePerFrame bool
 	// FillChecksum makes the NIC model write full checksums into the

@@ -7,7 +7,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-// The cyclic RQ as mlx4 fills it (seed 001): every descriptor takes one
+// The cyclic RQ as mlx4 fills it (mlx4's page-recycling patch): every descriptor takes one
 // frame, placed by bufpool.RXFrags: before the patch (the pool's
 // NoRecycle) one order-0 page per RX slot, the frame at its start; with
 // it, frames packed into pages at mlx4's frag stride from a pool array

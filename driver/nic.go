@@ -571,7 +571,7 @@ func (n *nicState) post() bool {
 
 // retire hands the current WQE's pages back to the pool: they wait in its
 // quarantine ring until the last packet using them is released (mlx4's
-// recycling, seed 001). The WQE's unused end is skipped (mlx5's filler
+// recycling, mlx4's page-recycling patch). The WQE's unused end is skipped (mlx5's filler
 // CQE) but its pages stay held by the frames in them: it is charged to the
 // last CQE written. A WQE no frame went into holds nothing.
 func (n *nicState) retire() {

@@ -218,7 +218,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 }
 
 // headerCopyLen is the header copy's length for a frame as the NIC wrote it
-// (a tunnel frame's outer header included): the seed 000 estimate from the
+// (a tunnel frame's outer header included): the the mlx5 header-copy patch estimate from the
 // CQE's L3/L4 types (TCP timestamps assumed), or the fixed copy size.
 //
 // For a tunnel frame the estimate counts the outer header as the seed's CQE

@@ -21,7 +21,7 @@ const (
 	// buffer, its payload to a per-session data reservation, back to back;
 	// the driver builds one packet per session, one frag per payload.
 	HWGROOn
-	// HWGROCoalesce is SHAMPO with seed 002: a payload that continues the
+	// HWGROCoalesce is SHAMPO with the SHAMPO coalescing patch: a payload that continues the
 	// previous one on the same page extends that frag, up to the page.
 	HWGROCoalesce
 )

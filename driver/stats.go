@@ -36,7 +36,7 @@ type Stats struct {
 	Bytes        atomic.Uint64 // rx_bytes
 	Polls        atomic.Uint64 // rx_napi_polls: poll batches
 	HDSBytes     atomic.Uint64 // rx_hds_bytes: bytes copied into linear parts
-	HDSPayload   atomic.Uint64 // rx_hds_payload_bytes: payload bytes among them (seed 000's waste)
+	HDSPayload   atomic.Uint64 // rx_hds_payload_bytes: payload bytes among them (the mlx5 header-copy patch's waste)
 	HDSPull      atomic.Uint64 // rx_hds_pull_bytes: header bytes pulled from the frags after a header copy shorter than the headers (pskb_may_pull)
 	LinearOnly   atomic.Uint64 // rx_linear_packets: packets that fit entirely in the linear part
 	PacketFrags  atomic.Uint64 // rx_frags: payload frags handed up

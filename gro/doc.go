@@ -6,7 +6,7 @@
 // net/ipv4/tcp_offload.c tcp_gro_receive, net/ipv4/udp_offload.c
 // udp_gro_receive_segment).
 //
-// An Engine is not tied to a poll loop (seed 004: the kernel's GRO decoupled
+// An Engine is not tied to a poll loop (the cpumap GRO patch: the kernel's GRO decoupled
 // from NAPI so cpumap kthreads can run their own): the driver's poll loop and
 // every cpumap worker each own one. Engine methods are called from that one
 // goroutine only; Stats may be read from any goroutine.
@@ -23,13 +23,13 @@
 // # Merging
 //
 // A segment whose linear part holds exactly its headers (header/data split,
-// seed 000) is merged by moving its payload frags to the last packet of the
+// the mlx5 header-copy patch) is merged by moving its payload frags to the last packet of the
 // held packet's chain, up to MAX_SKB_FRAGS (17) frags per packet; past them,
 // and for a segment whose linear part holds payload too (a fixed 256-byte
 // header copy), it is chained on the Next list with its headers, as the
 // kernel's frag_list (skb_gro_receive; rx_gro_frag_list counts these), and
 // the next segments' frags go onto it. A frag that continues the last
-// packet's last frag on the same page is coalesced into it (seed 002). A
+// packet's last frag on the same page is coalesced into it (the SHAMPO coalescing patch). A
 // GSO (LRO) packet merges as tcp_gro_receive merges one: only into a packet
 // of the same gso_size, counted as its segments. A delivered merged packet
 // has its IP length, IPv4 header checksum, UDP length and TCP PSH/FIN fixed
@@ -82,7 +82,7 @@
 //     the engine's own hash; the kernel hashes by skb->hash (the NIC's RSS
 //     hash), so which flow a full bucket evicts (gro_flush_oldest), and the
 //     order in which flows leave at a batch end (gro_flush), can differ.
-//   - Adjacent frags on one page are coalesced (seed 002's hardware GRO
+//   - Adjacent frags on one page are coalesced (the SHAMPO coalescing patch's hardware GRO
 //     placement); skb_gro_receive never coalesces, so its packets reach
 //     MAX_SKB_FRAGS sooner.
 //   - No tunnels (inet_gro_receive's IPIP, GRE, UDP tunnels), no fraglist

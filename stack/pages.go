@@ -6,7 +6,7 @@ import (
 	"github.com/ustack/ustack/bufpool"
 )
 
-// pageStats is seed 001's figure: how many distinct pages the payload of a
+// pageStats is mlx4's page-recycling patch's figure: how many distinct pages the payload of a
 // packet handed up (after GRO) sits on. Fewer pages mean fewer cache misses
 // when the packet is freed, and less memory per ring slot.
 type pageStats struct {

@@ -100,7 +100,7 @@ type Config struct {
 	Driver driver.Config
 	// Pool configures the RX page pool (used when Driver.Pool is nil).
 	// Pool.NoRecycle also sets Driver.PagePerFrame: a driver without page
-	// recycling starts every frame on a fresh page (seed 001's "before",
+	// recycling starts every frame on a fresh page (mlx4's page-recycling patch's "before",
 	// as mlx4 did before its page cache), so recycling off is the whole
 	// of that behaviour, not only the pool's half.
 	Pool bufpool.Config
@@ -129,7 +129,7 @@ type Config struct {
 	// CPUMap lists the OS CPUs of the cpumap's entries, the targets of the
 	// program's redirects (nil: no cpumap; redirects are dropped).
 	CPUMap []int
-	// NoCPUMapGRO turns the cpumap workers' GRO off (seed 004's "before").
+	// NoCPUMapGRO turns the cpumap workers' GRO off (the cpumap GRO patch's "before").
 	NoCPUMapGRO bool
 	// CPUMapQueue is the ring size of each cpumap entry (0: default).
 	CPUMapQueue int

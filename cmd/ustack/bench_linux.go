@@ -29,13 +29,13 @@ func benchCmd(args []string) error {
 		mtu     = fs.Int("mtu", 1500, "MTU of the TAP and the stack")
 		stock   = fs.Bool("stock", true, "add a row for gVisor's stock fdbased endpoint")
 		kernel  = fs.Bool("kernel", true, "add a row for the kernel's TCP over a veth pair from the sender's namespace, the same sender and discard reader (not with -client iperf3, -pool or -hwgro)")
-		pool    = fs.Bool("pool", false, "measure page recycling (seed 001) on the cyclic RQ (mlx4's ring): recycle off (an order-0 page per RX slot, as mlx4 before the patch) and on (frames packed into pages, a quarantine half, high-order allocations split into order-0 units) at 4k/64k pages, LRO off")
+		pool    = fs.Bool("pool", false, "measure page recycling (mlx4's page-recycling patch) on the cyclic RQ (mlx4's ring): recycle off (an order-0 page per RX slot, as mlx4 before the patch) and on (frames packed into pages, a quarantine half, high-order allocations split into order-0 units) at 4k/64k pages, LRO off")
 		streams = fs.String("P", "1", "parallel TCP streams: a list runs every row with each count (e.g. 1,4,8)")
 		queues  = fs.String("queues", "", "run the ustack rows on a multi-queue TAP with each of these queue counts (e.g. 1,2; with -P 4,8): flows spread over the queues by the kernel")
-		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (seed 002): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
-		cpump   = fs.Bool("cpumap", false, "measure cpumap (seed 004): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
-		rr      = fs.Bool("rr", false, "measure TCP request/response latency (issue 18): ustack's echo against the kernel's TCP over a veth, 64 B, one connection")
-		spf     = fs.Bool("sockperf", false, "measure with Debian's sockperf client (issue 18): ping-pong, 64 B, TCP and UDP, against ustack's sockperf server and the kernel's `sockperf server` over a veth")
+		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (the SHAMPO coalescing patch): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
+		cpump   = fs.Bool("cpumap", false, "measure cpumap (the cpumap GRO patch): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
+		rr      = fs.Bool("rr", false, "measure TCP request/response latency: ustack's echo against the kernel's TCP over a veth, 64 B, one connection")
+		spf     = fs.Bool("sockperf", false, "measure with Debian's sockperf client: ping-pong, 64 B, TCP and UDP, against ustack's sockperf server and the kernel's `sockperf server` over a veth")
 		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole run (every row) to this file")
 		client  = fs.String("client", bench.ClientBuiltin, "TCP sender: builtin (ustack send, a kernel socket of ours) or iperf3 (the iperf3 client against ustack's iperf3 server)")
 	)
@@ -202,7 +202,7 @@ func benchCmd(args []string) error {
 		}
 	}
 	if *pool {
-		fmt.Println("seed 001 on the cyclic RQ (mlx4's kind of ring; mlx5's striding RQ is not measured here): recycle off = mlx4 before the patch, on = the patch")
+		fmt.Println("mlx4's page-recycling patch on the cyclic RQ (mlx4's kind of ring; mlx5's striding RQ is not measured here): recycle off = mlx4 before the patch, on = the patch")
 		bench.PrintPool(os.Stdout, rows, results)
 		return nil
 	}

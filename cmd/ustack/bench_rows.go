@@ -31,7 +31,7 @@ func defaultRows(mtu int) []bench.Row {
 	return rows
 }
 
-// poolRows are `ustack bench -pool`: seed 001's comparison on the cyclic
+// poolRows are `ustack bench -pool`: mlx4's page-recycling patch's comparison on the cyclic
 // RQ (mlx4's kind of ring), page recycling off (mlx4 before the patch: an
 // order-0 page per RX slot) and on (the patch: frames packed at the frag
 // stride, a quarantine half, allocations at order 3 split into order-0
@@ -52,7 +52,7 @@ func poolRows(mtu int) []bench.Row {
 	return rows
 }
 
-// hwGRORows are `ustack bench -hwgro`: seed 002's three-way comparison at
+// hwGRORows are `ustack bench -hwgro`: the SHAMPO coalescing patch's three-way comparison at
 // LRO off: software GRO only, hardware GRO, hardware GRO with coalescing;
 // each with payload copied into gVisor and read with Read, and with zero
 // copy read in place with ReadViews (tcp_mmap's side of the seed).
@@ -77,7 +77,7 @@ func basePolicy(mtu int, settings ...string) policy {
 	return p
 }
 
-// cpumapPaths are seed 004's receive paths: no cpumap, and every frame
+// cpumapPaths are the cpumap GRO patch's receive paths: no cpumap, and every frame
 // redirected from the poll loop (NIC and poll loop on CPU 0) to a cpumap
 // worker on CPU 1, with its GRO off and on; last, no cpumap with GRO off,
 // what cpumap GRO off must carry at least. bench.CPUMap compares with

@@ -2,7 +2,7 @@
 // of a bench row (ustack's stack with a Policy, or gVisor's stock fdbased
 // endpoint) on a testbed TAP, runs the kernel sender against it in the
 // TAP's namespace and turns what both report into tables; and it runs
-// issue 8's test matrix (Matrix: cells of workload x core x MTU x LRO x
+// the header-copy patch's test matrix (Matrix: cells of workload x core x MTU x LRO x
 // tunnel, policies A and B and the peers interleaved in each) with its
 // text, JSON, CSV and plot reports and its progress bar.
 //

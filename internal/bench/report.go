@@ -316,7 +316,7 @@ func compare(a, b sideStats, threshold float64) comparison {
 	return c
 }
 
-// seedLine writes a comparison as seed 000 does: "TCP 512-Kbyte, core
+// seedLine writes a comparison as the mlx5 header-copy patch does: "TCP 512-Kbyte, core
 // same, MTU 1500, LRO on, tunnel off 49810.51 -> 61924.39 (+24.3% ↑)".
 func seedLine(label, unit string, a, b, pct float64) string {
 	return fmt.Sprintf("%s %s -> %s (%s)", label, fmtValue(unit, a), fmtValue(unit, b), pctArrow(pct))

@@ -36,7 +36,7 @@ type spSample struct {
 // kernel's `sockperf server` in a namespace of its own over a veth pair,
 // rows interleaved, rounds times. It prints the median latencies with
 // their spread and the ratio of each row's average latency to the
-// kernel's (issue 18: within 10%).
+// kernel's (within 10%).
 func Sockperf(bed *testbed.TAPBed, rows []Row, size int, dur time.Duration, rounds int) error {
 	if _, err := exec.LookPath("sockperf"); err != nil {
 		return errors.New("-sockperf needs Debian's sockperf client: apt-get install sockperf")

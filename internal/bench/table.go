@@ -99,7 +99,7 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 	})
 }
 
-// PrintPool prints seed 001's figures: distinct pages per GRO packet
+// PrintPool prints mlx4's page-recycling patch's figures: distinct pages per GRO packet
 // and pool memory per RX ring slot, with throughput.
 func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
 	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tpages/GRO pkt\tpeak pool bytes/ring slot\tpeak pool MB\tpages alloc|reused|busy per 1k pkts\tpages 1|2|3-4|5-8|9-16|17-32|33-64|65+\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
@@ -119,7 +119,7 @@ func PrintPool(w io.Writer, rows []Row, results [][]Sample) {
 	})
 }
 
-// PrintHWGRO prints seed 002's figures: throughput, CPU, frags per
+// PrintHWGRO prints the SHAMPO coalescing patch's figures: throughput, CPU, frags per
 // packet and the share of payload bytes in page-sized, page-aligned frags.
 func PrintHWGRO(w io.Writer, rows []Row, results [][]Sample) {
 	printTable(w, "configuration\tGbit/s (min-max)\trx CPU s/GB\tNIC share\tframes/session\tfrags/session\tflush|miss|space|poll\tmappable share\tread mapped\tsegs/GRO pkt\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {

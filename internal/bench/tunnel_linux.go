@@ -1,10 +1,10 @@
 package bench
 
-// The tunnel dimension of ustack bench (issue 8: tunnel off|on). A row with
+// The tunnel dimension of ustack bench (tunnel off|on). A row with
 // the tunnel on has its kernel sender reach ustack through an IPv6 tunnel
 // (IPv4-in-IPv6 or IPv6-in-IPv6, as Linux ip6tnl mode any sends it) that
 // ustack terminates itself: the driver decapsulates before GRO, and the
-// header split is computed over the outer and inner headers as seed 000's
+// header split is computed over the outer and inner headers as the mlx5 header-copy patch's
 // CQE does (driver.TunnelConfig, stack.TunnelConfig).
 //
 // Contract of setupTunnel, for the bench matrix:

@@ -1,5 +1,5 @@
 // Package rrtrace times the stages of a request/response exchange through
-// ustack, for finding where its latency goes (issue 18). Built without the
+// ustack, for finding where its latency goes. Built without the
 // rrtrace tag, Mark is an empty function the compiler removes; with it
 // (`go build -tags rrtrace ./cmd/ustack`), every Mark stores the time and
 // adds the time since the previous stage's Mark to that stage's sum, and
