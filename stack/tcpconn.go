@@ -32,9 +32,10 @@ import (
 // As a *net.TCPConn, its methods are safe for concurrent use: reads are
 // serialized with each other (Read, ReadViews, TryRead), writes with each
 // other, so that each Write's bytes are contiguous in the stream. Its
-// options are gVisor's defaults until set: Nagle's algorithm off
-// (TCP_NODELAY, as Go's net sets it), keep-alive off (Go's net turns it
-// on, after 15 s idle; call SetKeepAlive), no linger.
+// options start as Go's net sets them: Nagle's algorithm off
+// (TCP_NODELAY), keep-alive on with probes after 15 s idle, every 15 s, 9
+// of them (as net.Dialer and net.ListenConfig with a zero KeepAlive; call
+// SetKeepAlive(false) to turn it off), no linger.
 type TCPConn struct {
 	s     *Stack // +checklocksignore: set by newTCPConn, read-only after
 	ep    tcpip.Endpoint
@@ -93,6 +94,9 @@ func newTCPConn(s *Stack, wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
 	if a, e := ep.GetRemoteAddress(); e == nil {
 		c.raddr = tcpAddr(a, 0)
 	}
+	// Go's default keep-alive (net.Dialer, net.ListenConfig: KeepAlive 0
+	// is 15 s idle, 15 s interval, 9 probes); gVisor's is off.
+	c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
 	return c
 }
 
@@ -225,9 +229,13 @@ func (c *TCPConn) Close() error {
 		return c.opError("close", net.ErrClosed)
 	}
 	close(c.done)
+	linger := c.ep.SocketOptions().GetLinger()
 	c.ep.Close()
 	c.rd.stop()
 	c.wd.stop()
+	if linger.Enabled && linger.Timeout > 0 {
+		c.lingerWait(linger.Timeout)
+	}
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	if c.cur != nil {
@@ -403,11 +411,13 @@ func (c *TCPConn) setKeepAliveTime(d, def time.Duration, idle bool) error {
 }
 
 // SetLinger sets what Close does with data not yet sent (SO_LINGER), as
-// net.TCPConn.SetLinger: sec < 0 (the default) sends it in the
+// net.TCPConn.SetLinger on Linux: sec < 0 (the default) sends it in the
 // background, then the FIN; sec == 0 discards it and resets the
 // connection (RST), so that the peer's reads fail with ECONNRESET; sec >
-// 0 is as sec < 0 (Close does not block, which Go's documentation
-// allows).
+// 0 sends it and the FIN as sec < 0, and Close blocks until the peer has
+// acknowledged them or sec seconds passed (tcp_close's
+// sk_stream_wait_close); what is still unsent then goes on in the
+// background.
 func (c *TCPConn) SetLinger(sec int) error {
 	if c.closed.Load() {
 		return c.optError(net.ErrClosed)
@@ -418,6 +428,31 @@ func (c *TCPConn) SetLinger(sec int) error {
 	}
 	c.ep.SocketOptions().SetLinger(opt)
 	return nil
+}
+
+// lingerWait blocks Close, which queued the FIN, until the peer
+// acknowledged it (and so every byte before it) or d passed, or the stack
+// closes, as sk_stream_wait_close waits while the socket is in
+// FIN-WAIT-1, CLOSING or LAST-ACK. gVisor has no notification for a state
+// change, so it polls as Stack.Shutdown does.
+func (c *TCPConn) lingerWait(d time.Duration) {
+	te, ok := c.ep.(*tcp.Endpoint)
+	if !ok {
+		return
+	}
+	deadline := time.Now().Add(d)
+	for delay := shutdownPollMin; ; delay = min(2*delay, shutdownPollMax) {
+		switch te.EndpointState() {
+		case tcp.StateFinWait1, tcp.StateClosing, tcp.StateLastAck:
+		default:
+			return
+		}
+		left := time.Until(deadline)
+		if left <= 0 || c.s != nil && c.s.shut.closed.Load() {
+			return
+		}
+		time.Sleep(min(delay, left))
+	}
 }
 
 // SetReadBuffer sets the receive buffer (SO_RCVBUF), which also turns its

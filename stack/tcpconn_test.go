@@ -1,12 +1,14 @@
 package stack
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -121,15 +123,118 @@ func TestTCPConnSetLingerZero(t *testing.T) {
 	wantOpErr(t, "write after the RST", err, "write", syscall.EPIPE)
 }
 
+// TestTCPConnSetLingerWaits: after SetLinger(sec > 0), Close blocks until
+// the peer has acknowledged every byte and the FIN, as Linux's close with
+// SO_LINGER. The stream is larger than the peer's receive buffer but fits
+// the sender's, so Write returns at once; the peer reads only once Close
+// was called, so Close cannot return before the peer has read all but a
+// receive buffer's worth. The peer then reads every byte and io.EOF.
+func TestTCPConnSetLingerWaits(t *testing.T) {
+	rx, peer := pairConfig(t, Config{})
+	d, a := connPair(t, rx, peer, 7303)
+	const n, rcvbuf = 2 << 20, 64 << 10
+	if err := d.SetReadBuffer(rcvbuf); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetWriteBuffer(4 * n); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLinger(30); err != nil {
+		t.Fatal(err)
+	}
+	msg := bytes.Repeat([]byte("linger!!"), n/8)
+	a.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	if _, err := a.Write(msg); err != nil {
+		t.Fatalf("write (queued in the send buffer): %v", err)
+	}
+	var read atomic.Int64
+	closing := make(chan struct{})
+	closed := make(chan int64, 1)
+	go func() {
+		close(closing)
+		if err := a.Close(); err != nil {
+			t.Errorf("Close with linger: %v", err)
+		}
+		closed <- read.Load()
+	}()
+	<-closing
+	d.SetReadDeadline(time.Now().Add(60 * time.Second))
+	buf := make([]byte, 16<<10)
+	var got []byte
+	for {
+		m, err := d.Read(buf)
+		got = append(got, buf[:m]...)
+		read.Add(int64(m))
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("peer read after %d bytes: %v", len(got), err)
+		}
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("peer read %d bytes, want the %d written", len(got), n)
+	}
+	var atClose int64
+	select {
+	case atClose = <-closed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("Close with linger did not return after the peer read everything")
+	}
+	if atClose < n-4*rcvbuf {
+		t.Errorf("Close with linger returned when the peer had read %d of %d bytes: want it to wait for the ACK of the FIN", atClose, n)
+	}
+}
+
+// TestTCPConnSetLingerTimeout: a peer that never reads holds Close with
+// SetLinger(1) for about a second, no more: then Close returns nil, as
+// Linux's close does when the linger time is up.
+func TestTCPConnSetLingerTimeout(t *testing.T) {
+	rx, peer := pairConfig(t, Config{})
+	d, a := connPair(t, rx, peer, 7304)
+	defer d.Close()
+	if err := a.SetLinger(1); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 16<<20)
+	a.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	a.Write(big) // fills the peer's window, then times out
+	done := make(chan error, 1)
+	go func() { done <- a.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Close: %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close with SetLinger(1) still blocked after 30 s")
+	}
+}
+
 // TestTCPConnOptions: the option setters reach gVisor's socket options,
 // and refuse what the kernel refuses.
 func TestTCPConnOptions(t *testing.T) {
 	rx, peer := pairConfig(t, Config{})
-	d, _ := connPair(t, rx, peer, 7302)
+	d, a := connPair(t, rx, peer, 7302)
+	// Go's net defaults, on dialed and accepted connections alike:
+	// TCP_NODELAY, keep-alive after 15 s idle, every 15 s, 9 probes, no
+	// linger.
+	for _, c := range []*TCPConn{d, a} {
+		ops := c.ep.SocketOptions()
+		var idle tcpip.KeepaliveIdleOption
+		var intvl tcpip.KeepaliveIntervalOption
+		c.ep.GetSockOpt(&idle)
+		c.ep.GetSockOpt(&intvl)
+		cnt, _ := c.ep.GetSockOptInt(tcpip.KeepaliveCountOption)
+		if ops.GetDelayOption() || !ops.GetKeepAlive() || ops.GetLinger().Enabled ||
+			time.Duration(idle) != 15*time.Second || time.Duration(intvl) != 15*time.Second || cnt != 9 {
+			t.Errorf("defaults: delay %v, keepalive %v (%v, %v, %d), linger %+v; want Go's: TCP_NODELAY, keep-alive (15s, 15s, 9), no linger",
+				ops.GetDelayOption(), ops.GetKeepAlive(), time.Duration(idle), time.Duration(intvl), cnt, ops.GetLinger())
+		}
+	}
 	ops := d.ep.SocketOptions()
-	if ops.GetDelayOption() || ops.GetKeepAlive() || ops.GetLinger().Enabled {
-		t.Errorf("defaults: delay %v, keepalive %v, linger %+v; want TCP_NODELAY (as Go's net), no keep-alive, no linger",
-			ops.GetDelayOption(), ops.GetKeepAlive(), ops.GetLinger())
+	if err := d.SetKeepAlive(false); err != nil || ops.GetKeepAlive() {
+		t.Errorf("SetKeepAlive(false): %v, keepalive %v", err, ops.GetKeepAlive())
 	}
 	if err := d.SetNoDelay(false); err != nil || !ops.GetDelayOption() {
 		t.Errorf("SetNoDelay(false): %v, delay %v; want Nagle on", err, ops.GetDelayOption())
