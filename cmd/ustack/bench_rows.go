@@ -9,23 +9,26 @@ import (
 
 // The rows ustack bench measures: its policies, built from the switches.
 
-// defaultRows are the bench's configurations: {LRO on, off} x {hds auto,
-// 256} with GRO on, and LRO off with GRO off.
+// defaultRows are the bench's configurations: first the service
+// configuration (stack.ServiceConfig), then mlx5 as shipped (stack.Config's
+// zero value) with {LRO on, off} x {hds auto, 256} with GRO on, and LRO off
+// with GRO off.
 func defaultRows(mtu int) []bench.Row {
-	var rows []bench.Row
+	svc := servicePolicy(mtu)
+	rows := []bench.Row{row("service: "+svc.String(), svc)}
 	add := func(lro, hds, gro string) {
 		p := basePolicy(mtu, "lro="+lro, "hds="+hds, "gro="+gro)
-		rows = append(rows, row("ustack "+p.String(), p))
+		rows = append(rows, row("mlx5: "+p.String(), p))
 	}
 	add("on", "auto", "on")
 	add("on", "256", "on")
 	add("off", "auto", "on")
 	add("off", "256", "on")
 	add("off", "auto", "off")
-	// The defaults on a TUN device, beside the TAP's first row: the same
-	// NIC model on IP packets without an Ethernet header.
-	p := basePolicy(mtu)
-	tun := row("TUN: ustack "+p.String(), p)
+	// The service configuration on a TUN device, beside the TAP's first
+	// row: the same NIC model on IP packets without an Ethernet header.
+	p := servicePolicy(mtu)
+	tun := row("TUN: service: "+p.String(), p)
 	tun.TUN = true
 	rows = append(rows, tun)
 	return rows
@@ -67,6 +70,12 @@ func hwGRORows(mtu int) []bench.Row {
 	return rows
 }
 
+// servicePolicy is stack.ServiceConfig at this MTU, with the settings
+// applied after it.
+func servicePolicy(mtu int, settings ...string) policy {
+	return basePolicy(mtu, append(serviceSettings(), settings...)...)
+}
+
 // basePolicy is the default of every switch at this MTU, with the
 // settings (valid ones: the bench's own) applied.
 func basePolicy(mtu int, settings ...string) policy {
@@ -95,12 +104,14 @@ func cpumapPaths(mtu int) []bench.Row {
 	return rows
 }
 
-// rrRows are `ustack bench -rr`'s ustack rows: the defaults, delayed ACKs
-// and busy polling (bench.RR adds the kernel's row).
+// rrRows are `ustack bench -rr`'s ustack rows: the service configuration,
+// mlx5 as shipped, and the service configuration with delayed ACKs and
+// with busy polling (bench.RR adds the kernel's row).
 func rrRows(mtu int) []bench.Row {
-	return []bench.Row{row("ustack defaults", basePolicy(mtu)),
-		row("delayed-ack=1ms", basePolicy(mtu, "delayed-ack=1ms")),
-		row("busy-poll=50µs", basePolicy(mtu, "busy-poll=50µs"))}
+	return []bench.Row{row("ustack service", servicePolicy(mtu)),
+		row("ustack mlx5", basePolicy(mtu)),
+		row("delayed-ack=1ms", servicePolicy(mtu, "delayed-ack=1ms")),
+		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs"))}
 }
 
 // row is a bench row measuring ustack with policy p.

@@ -135,7 +135,7 @@ func TestBenchRR(t *testing.T) {
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.Fields(l)
 		name := strings.TrimSpace(l)
-		if len(f) < 8 || !(strings.HasPrefix(name, "ustack defaults") || strings.HasPrefix(name, "delayed-ack") || strings.HasPrefix(name, "busy-poll") || strings.HasPrefix(name, "kernel over veth")) {
+		if len(f) < 8 || !(strings.HasPrefix(name, "ustack service") || strings.HasPrefix(name, "ustack mlx5") || strings.HasPrefix(name, "delayed-ack") || strings.HasPrefix(name, "busy-poll") || strings.HasPrefix(name, "kernel over veth")) {
 			continue
 		}
 		rows++
@@ -148,8 +148,8 @@ func TestBenchRR(t *testing.T) {
 			t.Errorf("row %q: want transactions and p50 <= p99", l)
 		}
 	}
-	if rows != 4 {
-		t.Errorf("%d rows, want ustack's three and the kernel's:\n%s", rows, out)
+	if rows != 5 {
+		t.Errorf("%d rows, want ustack's four and the kernel's:\n%s", rows, out)
 	}
 	// Namespaces are named prefix-PID-N: look only for this run's.
 	ns, _ := exec.Command("ip", "netns", "list").Output()
@@ -173,21 +173,25 @@ func TestBenchKernelRow(t *testing.T) {
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.Fields(l)
 		// name..., Gbit/s, (min-max), x kernel, x stock, ...
-		var at int
-		switch {
-		case strings.HasPrefix(strings.TrimSpace(l), "ustack lro="):
+		switch name := strings.TrimSpace(l); {
+		case strings.HasPrefix(name, "service: lro=") || strings.HasPrefix(name, "mlx5: lro="):
 			ustackRows++
-			at = 6 // "ustack" and the five summary switches
-		case strings.HasPrefix(strings.TrimSpace(l), "TUN: ustack lro="):
+		case strings.HasPrefix(name, "TUN: service: lro="):
 			tunRows++
-			at = 7 // "TUN:", "ustack" and the five summary switches
-		case strings.HasPrefix(strings.TrimSpace(l), "kernel over veth"):
+		case strings.HasPrefix(name, "kernel over veth"):
 			kernelRows++
-			at = 3
 		default:
 			continue
 		}
-		if len(f) < at+4 {
+		// The name's words end before Gbit/s, the field before "(min-max)".
+		at := -1
+		for i, w := range f {
+			if strings.HasPrefix(w, "(") {
+				at = i - 1
+				break
+			}
+		}
+		if at < 1 || len(f) < at+4 {
 			t.Fatalf("row %q: too few columns", l)
 		}
 		gbps, err1 := strconv.ParseFloat(f[at], 64)
@@ -199,8 +203,8 @@ func TestBenchKernelRow(t *testing.T) {
 			t.Errorf("kernel row %q: x kernel %v, want 1.00", l, ratio)
 		}
 	}
-	if ustackRows == 0 || kernelRows != 1 || tunRows != 1 {
-		t.Errorf("%d ustack rows, %d on a TUN and %d kernel rows, want some, one and one:\n%s", ustackRows, tunRows, kernelRows, out)
+	if ustackRows != 6 || kernelRows != 1 || tunRows != 1 {
+		t.Errorf("%d ustack rows, %d on a TUN and %d kernel rows, want 6 (the service configuration's and mlx5's five), one and one:\n%s", ustackRows, tunRows, kernelRows, out)
 	}
 	ns, _ := exec.Command("ip", "netns", "list").Output()
 	pid := fmt.Sprintf("-%d-", cmd.Process.Pid)

@@ -265,6 +265,64 @@ func defaultPolicy() policy {
 	return p
 }
 
+// serviceSettings are stack.ServiceConfig's changes to the defaults, as
+// name=value settings of the policy switches (in the table's order), so
+// that run's -config service and the bench's service row apply exactly
+// what the library's ServiceConfig holds.
+func serviceSettings() []string {
+	def := defaultPolicy()
+	svc := defaultPolicy()
+	svc.cfg = stack.ServiceConfig()
+	// Zero means the driver's default for these; the switches spell it out.
+	d := &svc.cfg.Driver
+	if d.MTU == 0 {
+		d.MTU = def.cfg.Driver.MTU
+	}
+	if d.Budget == 0 {
+		d.Budget = driver.DefaultBudget
+	}
+	if d.RingSize == 0 {
+		d.RingSize = driver.DefaultRingSize
+	}
+	var out []string
+	for _, e := range policies {
+		if v := e.value(&svc); v != e.value(&def) {
+			out = append(out, e.name+"="+v)
+		}
+	}
+	return out
+}
+
+// Configurations of -config: where the policy switches start from.
+const (
+	configService = "service" // stack.ServiceConfig
+	configMLX5    = "mlx5"    // the switches' defaults: mlx5 as shipped, LRO on
+)
+
+// applyConfig applies the named configuration's settings to the switches
+// of fs that the command line did not set.
+func applyConfig(fs *flag.FlagSet, name string) error {
+	switch name {
+	case configMLX5:
+		return nil
+	case configService:
+	default:
+		return fmt.Errorf("-config %q: want %s or %s", name, configService, configMLX5)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, s := range serviceSettings() {
+		name, value, _ := strings.Cut(s, "=")
+		if set[name] {
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("-config service: %s: %w", s, err)
+		}
+	}
+	return nil
+}
+
 // policyFromSettings returns the default policy with each name=value
 // setting applied through the switch's own flag (registered on a throwaway
 // FlagSet), so that every switch of run and bench works; later settings win.

@@ -95,11 +95,15 @@ func parseRun(args []string) (*runOptions, error) {
 	fs.StringVar(&o.pcapWire, "pcap-wire", "", "write the frames as read from the TAP to this pcap file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve every counter as Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100), and Go's profiles at http://ADDR/debug/pprof/")
 	o.pol.register(fs)
+	config := fs.String("config", configService, "where the policy switches start: service (stack.ServiceConfig, the policies measured fastest that are safe for any peer: the defaults below with "+strings.Join(serviceSettings(), " ")+") or mlx5 (the defaults below: the NIC and driver as mlx5 ships them, with the TAP's super-frames handed up whole as LRO); a switch given on the command line wins")
 	var srvFlags serverFlags
 	srvFlags.register(fs)
 	fs.Var(&o.addrs, "addr", "address of the stack with its prefix, e.g. 10.0.0.2/24 (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
+	}
+	if err := applyConfig(fs, *config); err != nil {
+		return nil, usageError{err}
 	}
 	switch {
 	case o.tap == "" && o.tun == "":

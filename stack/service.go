@@ -1,0 +1,39 @@
+package stack
+
+// ServiceConfig returns the configuration for a Go service that embeds
+// the stack: Config's zero value, which is the NIC model and its driver
+// as mlx5 ships them (what the kernel patches' A/B comparisons start
+// from), with the receive policies that measured fastest and are safe for
+// any peer and any application. Set Wire and Addrs (and Routes,
+// DNSServers) on what it returns. `ustack run` starts from it (-config
+// service, its default) and the first row of `ustack bench` measures it
+// beside the mlx5 row; docs/embedding.md has the measurements.
+//
+// What it changes from the zero value, and why:
+//   - Driver.LRO on: the TAP's GSO super-frames are handed up whole, as
+//     hardware LRO hands up what it merged (mlx5 ships with LRO off); the
+//     kernel validated them, and cutting them into MTU-sized frames only
+//     for GRO to merge them again costs a third of the throughput.
+//   - Driver.CoalesceBytes 256 KiB: interrupt moderation by bytes (mlx5's
+//     adaptive moderation raises the completion count per interrupt under
+//     load, net_dim). A sleeping poll loop is woken once the completions
+//     since the last interrupt hold 256 KiB (or Budget frames, whichever
+//     comes first), so one poll batch takes a whole window of LRO
+//     super-frames; a running poll loop sees every completion at once, so
+//     request/response is not held.
+//
+// What it leaves as shipped, and why:
+//   - Pool.Order 0: order-4 pages measured faster in bulk, but a frame
+//     then pins a 64 KB page while sockets charge what the frame used
+//     (TrainConn, zero copy), so an application that holds data pins up to
+//     16 times what the memory bounds count.
+//   - ZeroCopy off: lending pages to gVisor is slower than one copy for an
+//     application that reads with Read.
+//   - Driver.BusyPoll 0: a spinning core is a cost any peer can trigger;
+//     Linux leaves busy polling off too.
+func ServiceConfig() Config {
+	var c Config
+	c.Driver.LRO = true
+	c.Driver.CoalesceBytes = 256 << 10
+	return c
+}
