@@ -81,10 +81,11 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 		}
 		return "-"
 	}
-	printTable(w, "configuration\tGbit/s (min-max)\tx kernel\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
+	printTable(w, "configuration\tGbit/s (min-max)\tx kernel\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tpeak pool MB\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		c := m.counters
-		fpr, ppp, hdsPkt, hdsPay, segs, fl := "-", "-", "-", "-", "-", "-"
+		fpr, ppp, hdsPkt, hdsPay, segs, fl, pool := "-", "-", "-", "-", "-", "-", "-"
 		if !r.Stock && !r.Kernel {
+			pool = fmt.Sprintf("%.1f", m.peakHeld/1e6)
 			fpr = ratioStr(c["rx_packets"], c["rx_wire_reads"])
 			ppp = ratioStr(c["rx_packets"], c["rx_napi_polls"])
 			hdsPkt = ratioStr(c["rx_hds_bytes"], c["rx_packets"])
@@ -94,8 +95,8 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 				fl = strconv.FormatUint(c["rx_gro_frag_list"], 10)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			r.Name, m.gbps, m.lo, m.hi, ratioTo(m.gbps, kernelMed), ratioTo(m.gbps, stockMed), m.rxCPUPerGB, m.sysCPUPerGB, m.nic*100, fpr, ppp, hdsPkt, hdsPay, segs, fl, m.congestion)
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%s\t%s\t%.3f\t%.3f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.Name, m.gbps, m.lo, m.hi, ratioTo(m.gbps, kernelMed), ratioTo(m.gbps, stockMed), m.rxCPUPerGB, m.sysCPUPerGB, m.nic*100, pool, fpr, ppp, hdsPkt, hdsPay, segs, fl, m.congestion)
 	})
 }
 

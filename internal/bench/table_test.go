@@ -9,11 +9,12 @@ import (
 // tableWant is what the tables printed for tableSamples before they moved
 // out of cmd/ustack (printBench, printPoolBench, printHWGROBench at the
 // branch base): the move and summarize keep every column. The hw-gro table
-// has since gained why its session packets went up (flush|miss|space|poll).
-const tableWant = `         configuration     Gbit/s (min-max)  x kernel  x stock  rx CPU s/GB  machine CPU s/GB  NIC share  frames/read  pkts/poll  hds B/pkt  hds payload B  segs/GRO pkt  frag_list     cc
-              ustack a  11.00 (10.00-12.00)         -     5.50        0.450             0.950        32%        100.0       25.0       66.0              5          40.0          3    bbr
-              ustack b     8.50 (8.00-9.00)         -     4.25        0.650             1.150        22%            -          -          -              0             -          -   reno
-  gVisor stock fdbased     2.00 (2.00-2.00)         -     1.00        3.000             4.000         0%            -          -          -              -             -          -  cubic
+// has since gained why its session packets went up (flush|miss|space|poll),
+// the bench table its peak pool memory (peak pool MB).
+const tableWant = `         configuration     Gbit/s (min-max)  x kernel  x stock  rx CPU s/GB  machine CPU s/GB  NIC share  peak pool MB  frames/read  pkts/poll  hds B/pkt  hds payload B  segs/GRO pkt  frag_list     cc
+              ustack a  11.00 (10.00-12.00)         -     5.50        0.450             0.950        32%           2.1        100.0       25.0       66.0              5          40.0          3    bbr
+              ustack b     8.50 (8.00-9.00)         -     4.25        0.650             1.150        22%           3.1            -          -          -              0             -          -   reno
+  gVisor stock fdbased     2.00 (2.00-2.00)         -     1.00        3.000             4.000         0%             -            -          -          -              -             -          -  cubic
 --
          configuration     Gbit/s (min-max)  rx CPU s/GB  pages/GRO pkt  peak pool bytes/ring slot  peak pool MB  pages alloc|reused|busy per 1k pkts  pages 1|2|3-4|5-8|9-16|17-32|33-64|65+     cc
               ustack a  11.00 (10.00-12.00)        0.450            3.0                       2048           2.1                          0.0|0.0|0.0                         7|0|0|0|0|0|0|2    bbr
