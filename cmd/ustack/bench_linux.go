@@ -34,7 +34,7 @@ func benchCmd(args []string) error {
 		queues  = fs.String("queues", "", "run the ustack rows on a multi-queue TAP with each of these queue counts (e.g. 1,2; with -P 4,8): flows spread over the queues by the kernel")
 		hwgro   = fs.Bool("hwgro", false, "measure hardware GRO (the SHAMPO coalescing patch): software GRO only, hw-gro on, hw-gro coalesce, LRO off")
 		cpump   = fs.Bool("cpumap", false, "measure cpumap (the cpumap GRO patch): UDP 64 B and TCP_RR without cpumap and through it with its GRO off and on")
-		rr      = fs.Bool("rr", false, "measure TCP request/response latency: ustack's echo against the kernel's TCP over a veth, 64 B, one connection")
+		rr      = fs.Bool("rr", false, "measure TCP request/response latency: ustack's echo against the kernel's TCP over a veth and the TAP floor (a stateless reflector on the TAP, blocking and busy), 64 B, one connection")
 		spf     = fs.Bool("sockperf", false, "measure with Debian's sockperf client: ping-pong, 64 B, TCP and UDP, against ustack's sockperf server and the kernel's `sockperf server` over a veth")
 		cpuprof = fs.String("cpuprofile", "", "write a CPU profile of the whole run (every row) to this file")
 		client  = fs.String("client", bench.ClientBuiltin, "TCP sender: builtin (ustack send, a kernel socket of ours) or iperf3 (the iperf3 client against ustack's iperf3 server)")
@@ -83,6 +83,10 @@ func benchCmd(args []string) error {
 	}
 	if *pool || *hwgro || *client == bench.ClientIPerf3 {
 		*kernel = false
+	} else {
+		// The TAP's own limit: a stateless sink on the same TAP, ACKing
+		// what the same sender sends (it speaks no iperf3).
+		rows = append(rows, bench.FloorSinkRow(*mtu))
 	}
 	bed, err := testbed.NewTAPBed(testbed.TAPConfig{Prefix: "ustack-bench", MTU: *mtu})
 	if err != nil {
@@ -167,7 +171,7 @@ func benchCmd(args []string) error {
 		defer mqBed.Close()
 		var expanded []bench.Row
 		for _, r := range rows {
-			if r.Kernel || r.Stock || r.TUN {
+			if r.Kernel || r.Stock || r.TUN || r.Floor {
 				expanded = append(expanded, r)
 				continue
 			}
@@ -194,7 +198,13 @@ func benchCmd(args []string) error {
 			case row.Queues > 0:
 				b = mqBed
 			}
-			s, err := bench.Measure(b, peer, exe, row, *dur, *cc, *wsize)
+			var s bench.Sample
+			var err error
+			if row.Floor {
+				s, err = bench.MeasureFloorSink(b, exe, row, *dur, *cc, *wsize)
+			} else {
+				s, err = bench.Measure(b, peer, exe, row, *dur, *cc, *wsize)
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", row.Name, err)
 			}

@@ -37,6 +37,7 @@ type Row struct {
 	MTU     int    // the link's MTU, which the Stock endpoint uses
 	Stock   bool   // gVisor's stock fdbased endpoint instead of ustack's driver
 	Kernel  bool   // the kernel's TCP over a veth pair (KernelPeer) instead of a stack
+	Floor   bool   // the TAP floor's sink on the TAP (MeasureFloorSink) instead of a stack
 	TUN     bool   // ustack on a TUN device (the caller's TUN bed) instead of the TAP
 	Queues  int    // > 0: ustack on that many queues of a multi-queue TAP (the caller's multi-queue bed)
 	Client  string // the sender on a TAP: ClientBuiltin or ClientIPerf3; "": builtin

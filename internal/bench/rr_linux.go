@@ -39,7 +39,9 @@ type rrSample struct {
 // and against the kernel's TCP over a veth pair (the same Go echo on a
 // kernel socket in a namespace of its own), rows interleaved, rounds
 // times. It prints transactions/s, median and p99 latency, CPU per
-// transaction and the ratio to the kernel.
+// transaction and the ratio to the kernel. Beside them it measures the
+// TAP floor, the stateless reflector on the same TAP (blocking and busy),
+// the most any stack on the TAP could answer.
 func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration, rounds int) error {
 	rx, closeRx, err := rrPeer(bed, rows[0].MTU)
 	if err != nil {
@@ -52,16 +54,21 @@ func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration
 	for _, r := range rows {
 		names = append(names, r.Name)
 	}
-	names = append(names, "kernel over veth")
+	// The TAP floor's rows: the stateless reflector on the same TAP,
+	// blocking in read(2) and spinning; then the kernel's.
+	names = append(names, FloorReflectorName, FloorReflectorBusyName, "kernel over veth")
 	samples := make([][]rrSample, len(names))
 	for r := 0; r < rounds; r++ {
 		for i, name := range names {
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s ...\n", r+1, rounds, name)
 			var s rrSample
 			var err error
-			if i < len(rows) {
+			switch {
+			case i < len(rows):
 				labelled(func() { s, err = rrUstack(bed, exe, rows[i], size, dur) }, "row", name)
-			} else {
+			case name == FloorReflectorName, name == FloorReflectorBusyName:
+				labelled(func() { s, err = rrFloor(bed, exe, size, dur, name == FloorReflectorBusyName) }, "row", name)
+			default:
 				s, err = rrKernel(bed, rx, exe, size, dur)
 			}
 			if err != nil {
@@ -70,7 +77,11 @@ func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration
 			samples[i] = append(samples[i], s)
 		}
 	}
-	return printRR(os.Stdout, names, samples)
+	if err := printRR(os.Stdout, names, samples); err != nil {
+		return err
+	}
+	fmt.Println("TAP floor: a stateless reflector on the same TAP, one read(2) and one write(2) per frame, no connection state: what no stack on this TAP can beat (busy: spinning on non-blocking reads, a whole CPU)")
+	return nil
 }
 
 // rrPeer builds the kernel server's namespace and the veth pair to it from

@@ -84,7 +84,7 @@ func PrintBench(w io.Writer, rows []Row, results [][]Sample) {
 	printTable(w, "configuration\tGbit/s (min-max)\tx kernel\tx stock\trx CPU s/GB\tmachine CPU s/GB\tNIC share\tpeak pool MB\tframes/read\tpkts/poll\thds B/pkt\thds payload B\tsegs/GRO pkt\tfrag_list\tcc\t", rows, results, func(tw io.Writer, r Row, m summary) {
 		c := m.counters
 		fpr, ppp, hdsPkt, hdsPay, segs, fl, pool := "-", "-", "-", "-", "-", "-", "-"
-		if !r.Stock && !r.Kernel {
+		if !r.Stock && !r.Kernel && !r.Floor {
 			pool = fmt.Sprintf("%.1f", m.peakHeld/1e6)
 			fpr = ratioStr(c["rx_packets"], c["rx_wire_reads"])
 			ppp = ratioStr(c["rx_packets"], c["rx_napi_polls"])
