@@ -1,7 +1,9 @@
 package stack
 
 import (
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -152,4 +154,51 @@ func (n *notifier) unregister(wq *waiter.Queue) {
 		wq.EventUnregister(&n.entry)
 		n.registered = false
 	}
+}
+
+// sockState is what each socket type of the package (TCPConn, UDPConn,
+// PingConn) keeps for net.Conn's Close and deadlines: whether it is
+// closed, a channel closed with it that blocked calls select on, and the
+// read and write deadlines.
+type sockState struct {
+	rd     deadline // the reads'
+	wd     deadline // the writes'
+	closed atomic.Bool
+	done   chan struct{} // closed by markClosed
+}
+
+func newSockState() sockState { return sockState{done: make(chan struct{})} }
+
+// Which deadlines setDeadlines sets.
+const (
+	readDeadline = 1 << iota
+	writeDeadline
+)
+
+// setDeadlines sets the deadlines which selects to t, as net.Conn's
+// SetDeadline, SetReadDeadline and SetWriteDeadline; once the socket is
+// closed it fails with net.ErrClosed.
+func (s *sockState) setDeadlines(t time.Time, which int) error {
+	if s.closed.Load() {
+		return net.ErrClosed
+	}
+	if which&readDeadline != 0 {
+		s.rd.set(t)
+	}
+	if which&writeDeadline != 0 {
+		s.wd.set(t)
+	}
+	return nil
+}
+
+// markClosed marks the socket closed and wakes the calls blocked on it;
+// it reports false if the socket was closed already.
+func (s *sockState) markClosed() bool {
+	if !s.closed.CompareAndSwap(false, true) {
+		return false
+	}
+	close(s.done)
+	s.rd.stop()
+	s.wd.stop()
+	return true
 }

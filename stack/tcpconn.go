@@ -6,7 +6,6 @@ import (
 	"math"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,10 +43,7 @@ type TCPConn struct {
 	laddr *net.TCPAddr // fixed once connected
 	raddr *net.TCPAddr // fixed once connected
 
-	rd     deadline // the reads'
-	wd     deadline // the writes'
-	closed atomic.Bool
-	done   chan struct{} // closed by Close
+	sockState
 
 	// readMu serializes the reads; it guards their waiting and ReadViews'
 	// state.
@@ -87,7 +83,7 @@ const (
 // newTCPConn wraps ep, a connected endpoint, as a connection of network
 // "tcp" (the caller may set c.net before handing it out).
 func newTCPConn(s *Stack, wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
-	c := &TCPConn{s: s, ep: ep, wq: wq, net: "tcp", done: make(chan struct{})}
+	c := &TCPConn{s: s, ep: ep, wq: wq, net: "tcp", sockState: newSockState()}
 	if a, e := ep.GetLocalAddress(); e == nil {
 		c.laddr = tcpAddr(a, 0)
 	}
@@ -225,14 +221,11 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 // connection return net.ErrClosed, as does every later call, Close
 // included. Views ReadViews handed out stay valid until released.
 func (c *TCPConn) Close() error {
-	if !c.closed.CompareAndSwap(false, true) {
+	if !c.markClosed() {
 		return c.opError("close", net.ErrClosed)
 	}
-	close(c.done)
 	linger := c.ep.SocketOptions().GetLinger()
 	c.ep.Close()
-	c.rd.stop()
-	c.wd.stop()
 	if linger.Enabled && linger.Timeout > 0 {
 		c.lingerWait(linger.Timeout)
 	}
@@ -276,12 +269,7 @@ func (c *TCPConn) RemoteAddr() net.Addr { return tcpOpAddr(c.raddr) }
 // SetDeadline sets the read and the write deadline, as SetReadDeadline
 // and SetWriteDeadline.
 func (c *TCPConn) SetDeadline(t time.Time) error {
-	if c.closed.Load() {
-		return c.setError(net.ErrClosed)
-	}
-	c.rd.set(t)
-	c.wd.set(t)
-	return nil
+	return c.setError(c.setDeadlines(t, readDeadline|writeDeadline))
 }
 
 // SetReadDeadline sets the deadline of Read, ReadViews and TryRead (zero:
@@ -289,22 +277,14 @@ func (c *TCPConn) SetDeadline(t time.Time) error {
 // error wrapping os.ErrDeadlineExceeded, whose Timeout is true, until a
 // later deadline is set. Safe while reads are blocked.
 func (c *TCPConn) SetReadDeadline(t time.Time) error {
-	if c.closed.Load() {
-		return c.setError(net.ErrClosed)
-	}
-	c.rd.set(t)
-	return nil
+	return c.setError(c.setDeadlines(t, readDeadline))
 }
 
 // SetWriteDeadline sets the deadline of Write, as SetReadDeadline. A Write
 // that times out may have written part of its bytes (its count says how
 // many).
 func (c *TCPConn) SetWriteDeadline(t time.Time) error {
-	if c.closed.Load() {
-		return c.setError(net.ErrClosed)
-	}
-	c.wd.set(t)
-	return nil
+	return c.setError(c.setDeadlines(t, writeDeadline))
 }
 
 // SetNoDelay turns Nagle's algorithm off (true, the default: a write's
@@ -504,5 +484,8 @@ func (c *TCPConn) optError(err error) error { return c.opError("set", err) }
 // setError is a failed deadline's or buffer size's, as net's conn reports
 // it: no Source, the local address as Addr.
 func (c *TCPConn) setError(err error) error {
+	if err == nil {
+		return nil
+	}
 	return opError("set", c.net, nil, tcpOpAddr(c.laddr), err)
 }

@@ -1,11 +1,8 @@
 package stack
 
 import (
-	"bytes"
 	"net"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,37 +26,16 @@ import (
 // all its methods are safe for concurrent use; reads are serialized with
 // each other, and writes.
 type UDPConn struct {
-	ep    tcpip.Endpoint
-	wq    *waiter.Queue
-	net   string                      // "udp", "udp4" or "udp6"
-	proto tcpip.NetworkProtocolNumber // the socket's
+	dgramSock
 	laddr *net.UDPAddr
 	raddr *net.UDPAddr // nil: not connected
-
-	rd     deadline // the reads'
-	wd     deadline // the writes'
-	closed atomic.Bool
-	done   chan struct{} // closed by Close
-
-	readMu sync.Mutex
-	// +checklocks:readMu
-	rn notifier
-	// +checklocks:readMu
-	rw truncWriter
-
-	writeMu sync.Mutex
-	// +checklocks:writeMu
-	wn notifier
-	// +checklocks:writeMu
-	wr bytes.Reader
-	// +checklocks:writeMu
-	to tcpip.FullAddress // the destination of the write under way
 }
 
 // newUDPConn wraps ep, bound or connected, as a socket of network on
 // proto.
 func newUDPConn(network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) *UDPConn {
-	c := &UDPConn{ep: ep, wq: wq, net: network, proto: proto, done: make(chan struct{})}
+	c := &UDPConn{}
+	c.init(network, wq, ep, proto)
 	if a, e := ep.GetLocalAddress(); e == nil {
 		c.laddr = udpAddr(a, proto)
 	}
@@ -130,53 +106,14 @@ func (c *UDPConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// readFrom reads one datagram into b, waiting for one until the read
-// deadline or Close; call names the system call for its errors.
+// readFrom reads one datagram into b; call names the system call for its
+// errors.
 func (c *UDPConn) readFrom(b []byte, call string) (int, tcpip.FullAddress, error) {
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
-	c.rw = truncWriter{b: b}
-	n, fa, err := c.readLocked(call)
-	c.rw = truncWriter{}
-	return n, fa, err
-}
-
-// readLocked is readFrom's, into c.rw.
-//
-// +checklocks:c.readMu
-func (c *UDPConn) readLocked(call string) (int, tcpip.FullAddress, error) {
-	if c.closed.Load() {
-		return 0, tcpip.FullAddress{}, c.opError("read", nil, net.ErrClosed)
+	n, fa, err := c.recv(b, call)
+	if err != nil {
+		return 0, fa, c.opError("read", nil, err)
 	}
-	if c.rd.expired() {
-		return 0, tcpip.FullAddress{}, c.opError("read", nil, errDeadline)
-	}
-	opts := tcpip.ReadOptions{NeedRemoteAddr: true}
-	res, e := c.ep.Read(&c.rw, opts)
-	if _, ok := e.(*tcpip.ErrWouldBlock); ok {
-		ready := c.rn.register(c.wq, readEvents)
-		defer c.rn.unregister(c.wq)
-		for {
-			res, e = c.ep.Read(&c.rw, opts)
-			if _, ok := e.(*tcpip.ErrWouldBlock); !ok {
-				break
-			}
-			select {
-			case <-ready:
-			case <-c.rd.wait():
-				return 0, tcpip.FullAddress{}, c.opError("read", nil, errDeadline)
-			case <-c.done:
-				return 0, tcpip.FullAddress{}, c.opError("read", nil, net.ErrClosed)
-			}
-		}
-	}
-	if e != nil {
-		if c.closed.Load() {
-			return 0, tcpip.FullAddress{}, c.opError("read", nil, net.ErrClosed)
-		}
-		return 0, tcpip.FullAddress{}, c.opError("read", nil, syscallErr(call, e))
-	}
-	return c.rw.n, res.RemoteAddr, nil
+	return n, fa, nil
 }
 
 // WriteTo sends b as one datagram to addr, which must be a *net.UDPAddr
@@ -218,51 +155,14 @@ func (c *UDPConn) Write(b []byte) (int, error) {
 	return c.write(b, netip.AddrPort{}, false, "write", nil)
 }
 
-// write sends b to ap (if to) or to the connected peer, waiting while the
-// send buffer is full, until the write deadline or Close; call and dst
+// write sends b to ap (if to) or to the connected peer; call and dst
 // (nil: ap, or the peer) are for its errors.
 func (c *UDPConn) write(b []byte, ap netip.AddrPort, to bool, call string, dst net.Addr) (int, error) {
-	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
-	if c.closed.Load() {
-		return 0, c.writeError(dst, to, ap, net.ErrClosed)
+	n, err := c.send(b, ap, to, call)
+	if err != nil {
+		return 0, c.writeError(dst, to, ap, err)
 	}
-	if c.wd.expired() {
-		return 0, c.writeError(dst, to, ap, errDeadline)
-	}
-	defer c.wr.Reset(nil)
-	var opts tcpip.WriteOptions
-	if to {
-		c.to, _ = destAddr(ap)
-		opts.To = &c.to
-	}
-	var ready <-chan struct{}
-	defer c.wn.unregister(c.wq)
-	for {
-		c.wr.Reset(b)
-		n, e := c.ep.Write(&c.wr, opts)
-		switch e.(type) {
-		case nil:
-			return int(n), nil
-		case *tcpip.ErrWouldBlock:
-			if ready == nil {
-				ready = c.wn.register(c.wq, writeEvents)
-				continue
-			}
-			select {
-			case <-ready:
-			case <-c.wd.wait():
-				return 0, c.writeError(dst, to, ap, errDeadline)
-			case <-c.done:
-				return 0, c.writeError(dst, to, ap, net.ErrClosed)
-			}
-		default:
-			if c.closed.Load() {
-				return 0, c.writeError(dst, to, ap, net.ErrClosed)
-			}
-			return 0, c.writeError(dst, to, ap, syscallErr(call, e))
-		}
-	}
+	return n, nil
 }
 
 // writeError is write's error: dst nil is ap if to, else the connected
@@ -278,13 +178,9 @@ func (c *UDPConn) writeError(dst net.Addr, to bool, ap netip.AddrPort, err error
 // Close closes the socket. Calls blocked on it return net.ErrClosed, as
 // does every later call, Close included.
 func (c *UDPConn) Close() error {
-	if !c.closed.CompareAndSwap(false, true) {
+	if !c.closeSock() {
 		return c.opError("close", udpOpAddr(c.raddr), net.ErrClosed)
 	}
-	close(c.done)
-	c.rd.stop()
-	c.wd.stop()
-	c.ep.Close()
 	return nil
 }
 
@@ -296,32 +192,19 @@ func (c *UDPConn) RemoteAddr() net.Addr { return udpOpAddr(c.raddr) }
 
 // SetDeadline sets the read and the write deadline.
 func (c *UDPConn) SetDeadline(t time.Time) error {
-	if c.closed.Load() {
-		return c.setError(net.ErrClosed)
-	}
-	c.rd.set(t)
-	c.wd.set(t)
-	return nil
+	return c.setError(c.setDeadlines(t, readDeadline|writeDeadline))
 }
 
 // SetReadDeadline sets the deadline of the reads (zero: none): past it,
 // and for reads blocked when it passes, they fail with an error wrapping
 // os.ErrDeadlineExceeded, whose Timeout is true.
 func (c *UDPConn) SetReadDeadline(t time.Time) error {
-	if c.closed.Load() {
-		return c.setError(net.ErrClosed)
-	}
-	c.rd.set(t)
-	return nil
+	return c.setError(c.setDeadlines(t, readDeadline))
 }
 
 // SetWriteDeadline sets the deadline of the writes, as SetReadDeadline.
 func (c *UDPConn) SetWriteDeadline(t time.Time) error {
-	if c.closed.Load() {
-		return c.setError(net.ErrClosed)
-	}
-	c.wd.set(t)
-	return nil
+	return c.setError(c.setDeadlines(t, writeDeadline))
 }
 
 // SetReadBuffer sets the receive buffer (SO_RCVBUF; gVisor bounds it). A
@@ -362,6 +245,9 @@ func (c *UDPConn) opError(op string, dst net.Addr, err error) error {
 // setError is a failed deadline's or buffer size's: no Source, the local
 // address as Addr.
 func (c *UDPConn) setError(err error) error {
+	if err == nil {
+		return nil
+	}
 	return opError("set", c.net, nil, udpOpAddr(c.laddr), err)
 }
 
