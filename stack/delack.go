@@ -22,16 +22,28 @@ import (
 // the ACK (tcp_send_delayed_ack) and the reply carries it.
 //
 // The link endpoint does the same on the way out, per flow: a pure ACK of
-// a flow that sent data in the last delackPingpong is held for up to
-// Config.DelayedACK. A data segment of the flow that acknowledges as much
+// a flow that sent data in the last delackPingpong, and that acknowledges
+// data the flow's last segment did not (an ACK of newly received data, the
+// only ACK Linux delays: inet_csk_schedule_ack from tcp_event_data_recv),
+// is held for up to Config.DelayedACK. A pure ACK that acknowledges nothing
+// new goes at once: a window update after the reader drained the queue
+// (tcp_cleanup_rbuf sends it at once; held, a peer facing a zero window
+// would wait for its next probe), a duplicate ACK for out-of-order data
+// (__tcp_ack_snd_check: "we have out of order data"), the answer to a
+// window probe or a keepalive. So does every ACK after the flow's FIN: no
+// reply can carry it any more (tcp_fin in FIN_WAIT1/2: tcp_send_ack).
+//
+// A data segment of the flow that acknowledges as much as the held ACK
 // replaces it (the held ACK is dropped: tcp_delack_saved); a second pure
 // ACK that acknowledges more replaces it too and goes at once (Linux ACKs
 // at least every second segment: __tcp_ack_snd_check); a pure ACK with the
 // same acknowledgment number (a duplicate ACK or a window update) sends the
 // held one and itself at once, so duplicate ACKs keep their count; the
 // timer sends what is still held when its time is up
-// (tcp_delack_timeouts). Flows that never send data (a bulk receiver) are
-// never held. Held ACKs are bounded by the table: delackFlows.
+// (tcp_delack_timeouts), and the stack's Close sends what is left, counted
+// as flushed (a held ACK is one gVisor sent). Flows that never send data (a
+// bulk receiver) are never held. Held ACKs are bounded by the table:
+// delackFlows.
 const (
 	delackFlows    = 64
 	delackPingpong = time.Second
@@ -51,11 +63,14 @@ type delayedACK struct {
 
 // delackFlow is one flow's entry: its key (local and remote address and
 // port, as the TX packet's source and destination), when it last sent
-// data, and the ACK held for it.
+// data, the acknowledgment number of its last segment (sent or held),
+// whether it sent its FIN, and the ACK held for it.
 type delackFlow struct {
 	key      delackKey
 	used     bool
+	fin      bool
 	lastData int64
+	lastAck  uint32
 	pkt      *gstack.PacketBuffer // held ACK, or nil
 	vnet     driver.VirtioNetHdr
 	ack      uint32
@@ -144,6 +159,11 @@ func (d *delayedACK) onTx(pkt *gstack.PacketBuffer, vnet *driver.VirtioNetHdr, n
 		} else if f = d.find(k, false, nil); f == nil {
 			return false
 		}
+		flags := header.TCPFlags(pkt.TransportHeader().Slice()[13])
+		f.fin = f.fin || flags&header.TCPFlagFin != 0
+		if flags&header.TCPFlagAck != 0 {
+			f.lastAck = ack
+		}
 		if f.pkt != nil && int32(ack-f.ack) >= 0 {
 			// The segment carries the held ACK's acknowledgment: the
 			// reply the delay waited for.
@@ -154,7 +174,14 @@ func (d *delayedACK) onTx(pkt *gstack.PacketBuffer, vnet *driver.VirtioNetHdr, n
 		return false
 	}
 	f := d.find(k, false, nil)
-	if f == nil || d.closed || now-f.lastData > int64(delackPingpong) {
+	if f == nil {
+		return false
+	}
+	newData := int32(ack-f.lastAck) > 0
+	f.lastAck = ack
+	if f.pkt == nil && (d.closed || f.fin || !newData || now-f.lastData > int64(delackPingpong)) {
+		// Only an ACK of newly received data, on a pingpong flow that
+		// has not sent its FIN, may wait for the reply.
 		return false
 	}
 	if f.pkt != nil {
@@ -209,14 +236,19 @@ func (d *delayedACK) expired(now int64, send func(*gstack.PacketBuffer, *driver.
 	}
 }
 
-// drop releases every held ACK (the stack is closing).
-func (d *delayedACK) drop() {
+// drop sends every held ACK with send, releases it and holds no more (the
+// stack is closing; its wire is still open). A held ACK is one gVisor
+// sent: dropped, a peer whose FIN it acknowledges would stay in LAST_ACK
+// and retransmit its FIN to a stack that is gone.
+func (d *delayedACK) drop(send func(*gstack.PacketBuffer, *driver.VirtioNetHdr)) {
 	d.timer.Stop()
 	d.armed, d.closed = false, true
 	for i := range d.flows {
 		if f := &d.flows[i]; f.pkt != nil {
+			send(f.pkt, &f.vnet)
 			f.pkt.DecRef()
 			f.pkt = nil
+			d.flushed.Add(1)
 		}
 	}
 }

@@ -578,14 +578,15 @@ func (e *linkEndpoint) sendHeld(p *gstack.PacketBuffer, h *driver.VirtioNetHdr) 
 	e.transmitLocked(p, h)
 }
 
-// stopDelayedACK releases the ACKs still held (the stack is closing).
+// stopDelayedACK sends the ACKs still held and holds no more (the stack is
+// closing; the wire is still open).
 func (e *linkEndpoint) stopDelayedACK() {
 	if e.delack == nil {
 		return
 	}
 	e.txMu.Lock()
 	defer e.txMu.Unlock()
-	e.delack.drop()
+	e.delack.drop(e.sendHeld)
 }
 
 // transmitLocked writes pkt with virtio-net header h to the wire, and
