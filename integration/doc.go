@@ -3,9 +3,9 @@
 // the test creates, talking to the Linux kernel's own TCP, UDP and ICMP on
 // the other side of the TAP.
 //
-// The tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN for `ip netns`,
-// /dev/net/tun and TAP devices) and the ip(8) tool from iproute2; without
-// root every test skips. Run them as root with
+// The tests need root (CAP_NET_ADMIN and CAP_SYS_ADMIN for the network
+// namespaces, /dev/net/tun and TAP devices) and, for a few, the ip(8)
+// tool from iproute2; without root every test skips. Run them as root with
 //
 //	go test ./integration/
 //

@@ -19,7 +19,7 @@ import (
 // timeout. Before the first reply can come the kernel must resolve dst's
 // MAC, so an answered ping also shows that ARP (NDP) is answered.
 //
-// It does what `ip netns exec NS ping -c COUNT -W TIMEOUT DST` would, with
+// It does what `ping -c COUNT -W TIMEOUT DST` in the namespace would, with
 // stricter checks, without depending on iputils being installed.
 func ping(ns *testbed.Netns, dst netip.Addr, count int, timeout time.Duration) error {
 	network, laddr := "ip4:icmp", "0.0.0.0"

@@ -4,7 +4,6 @@ package testbed
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -199,21 +198,16 @@ type LinkStats struct {
 	RxPackets, RxDropped, TxPackets, TxDropped uint64
 }
 
-// LinkStats returns the counters of dev inside n.
+// LinkStats returns the counters of dev inside n, from the device's
+// IFLA_STATS64 over netlink.
 func (n *Netns) LinkStats(dev string) (LinkStats, error) {
-	out, err := n.Output("-j", "-s", "link", "show", "dev", dev)
+	l, err := n.link(dev)
 	if err != nil {
-		return LinkStats{}, err
+		return LinkStats{}, fmt.Errorf("link stats of %s in %s: %w", dev, n.Name, err)
 	}
-	var links []struct {
-		Stats64 struct {
-			RX struct{ Packets, Dropped uint64 } `json:"rx"`
-			TX struct{ Packets, Dropped uint64 } `json:"tx"`
-		} `json:"stats64"`
+	s := l.Attrs().Statistics
+	if s == nil {
+		return LinkStats{}, fmt.Errorf("link stats of %s in %s: the kernel sent none", dev, n.Name)
 	}
-	if err := json.Unmarshal([]byte(out), &links); err != nil || len(links) != 1 {
-		return LinkStats{}, fmt.Errorf("link stats of %s in %s: %v: %q", dev, n.Name, err, out)
-	}
-	s := links[0].Stats64
-	return LinkStats{RxPackets: s.RX.Packets, RxDropped: s.RX.Dropped, TxPackets: s.TX.Packets, TxDropped: s.TX.Dropped}, nil
+	return LinkStats{RxPackets: s.RxPackets, RxDropped: s.RxDropped, TxPackets: s.TxPackets, TxDropped: s.TxDropped}, nil
 }

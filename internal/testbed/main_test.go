@@ -1,4 +1,4 @@
-package testbed
+package testbed_test
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 	"github.com/ustack/ustack/internal/testutil"
 )
 
-// TestMain fails the package's tests if they leave a goroutine running or
-// a page of a testutil pool out.
+// TestMain fails the package's tests if they leave a goroutine running, a
+// page of a testutil pool out or a namespace open. It is in the external
+// test package: testutil imports testbed.
 func TestMain(m *testing.M) { testutil.Main(m) }

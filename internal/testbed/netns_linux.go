@@ -10,78 +10,168 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// netnsDir is where ip-netns(8) bind-mounts the namespaces it creates.
-const netnsDir = "/run/netns"
-
-// netnsCounter makes namespace names unique within this process.
-var netnsCounter atomic.Uint64
-
-// Netns is a network namespace this process created with `ip netns add`.
-// It starts with only the loopback interface, which NewNetns brings up, and
-// no routes beyond those of lo. Its methods are safe for concurrent use.
+// Netns is a network namespace this process created (unshare(2) with
+// CLONE_NEWNET) and holds by a file descriptor only: it is not bind-mounted
+// under /run/netns and has no name in the kernel, so `ip netns list` does
+// not show it. When the process exits, for whatever reason (SIGKILL too),
+// the kernel closes the descriptor, and the namespace and every device in
+// it go once nothing else refers to them. It starts with only the loopback
+// interface, which NewNetns brings up, and no routes beyond those of lo.
+// Its methods are safe for concurrent use.
 type Netns struct {
-	// Name is the namespace's name, as given to `ip netns` and shown by
-	// `ip netns list`.
+	// Name labels the namespace in messages: prefix-PID-N, unique among
+	// the namespaces of all processes using testbed. The kernel does not
+	// know it; neither `ip netns exec` nor `ip -n` take it.
 	Name string
+
+	id uint64 // N in Name, for OpenNetns
+	fd int    // the namespace (an nsfs file), O_CLOEXEC
+
+	mu sync.RWMutex
+	// h is a netlink handle whose sockets live in the namespace; nil
+	// once closed. Read-locked while in use, so that Close never closes
+	// it under a caller (a closed handle falls back to sockets of the
+	// calling thread's namespace).
+	// +checklocks:mu
+	h *netlink.Handle
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// NewNetns creates a network namespace named prefix-PID-N, where PID is this
-// process's id and N a per-process counter, and brings its loopback
-// interface up. No default route is added. If bringing lo up fails the
-// namespace is deleted again.
+// NewNetns creates a network namespace labelled prefix-PID-N, where PID is
+// this process's id and N a per-process counter, and brings its loopback
+// interface up. No default route is added. The namespace is made by an OS
+// thread that unshares its network namespace, opens it and then exits:
+// the thread is never switched back, so no thread of the process stays in
+// the namespace. If anything fails the namespace is released again.
 func NewNetns(prefix string) (*Netns, error) {
 	if prefix == "" {
 		prefix = "ustack"
 	}
-	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), netnsCounter.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("create netns %q: %w: %s", name, err, strings.TrimSpace(string(out)))
-	}
-	n := &Netns{Name: name}
-	if err := n.IP("link", "set", "dev", "lo", "up"); err != nil {
-		n.Close()
+	id := netnsCounter.Add(1)
+	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), id)
+	fd, err := unshareNetns()
+	if err != nil {
 		return nil, fmt.Errorf("create netns %q: %w", name, err)
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(fd), unix.NETLINK_ROUTE)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("create netns %q: netlink: %w", name, err)
+	}
+	n := &Netns{Name: name, id: id, fd: fd, h: h}
+	trackOpen(id, name)
+	err = n.netlink(func(h *netlink.Handle) error {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return h.LinkSetUp(lo)
+	})
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("create netns %q: set lo up: %w", name, err)
 	}
 	return n, nil
 }
 
-// Close deletes the namespace (`ip netns del`). Devices in it that no
-// process holds open are destroyed with it; a namespace some descriptor
-// still refers to (an open TAP, a socket) disappears from `ip netns list`
-// at once but lives on until that descriptor is closed. Close is
-// idempotent: later calls return the first call's result.
+// unshareNetns makes a new network namespace and returns a descriptor of
+// it. A goroutine locked to its thread unshares the thread's network
+// namespace (unshare(2) moves only the calling thread), opens it through
+// /proc/thread-self and switches the thread back (setns(2)), so that no
+// thread of the process stays in the namespace. The thread is not left to
+// die in it instead: the runtime does not end the main thread when a
+// goroutine exits locked to it, it parks it for good, which would hold the
+// namespace until the process exits. If the switch back fails the
+// goroutine exits locked and the runtime discards the thread.
+func unshareNetns() (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, fmt.Errorf("open current netns: %w", err)}
+			return
+		}
+		defer unix.Close(orig)
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread() // still in the process's namespace
+			ch <- result{-1, fmt.Errorf("unshare(CLONE_NEWNET): %w", err)}
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			err = fmt.Errorf("open new netns: %w", err)
+		}
+		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	return r.fd, r.err
+}
+
+// netlink runs fn with the namespace's netlink handle; os.ErrClosed once
+// the namespace is closed.
+func (n *Netns) netlink(fn func(h *netlink.Handle) error) error {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.h == nil {
+		return os.ErrClosed
+	}
+	return fn(n.h)
+}
+
+// Close releases the namespace: it closes the descriptor and the netlink
+// sockets that hold it. The kernel then destroys it, with every device in
+// it, once nothing else refers to it; an open TAP descriptor, a socket
+// created inside (Do, DialTCP, ...) or a process started there (Exec) keeps
+// it alive, unseen, until they are closed or exit. Close is idempotent:
+// later calls return the first call's result.
 func (n *Netns) Close() error {
 	n.closeOnce.Do(func() {
-		out, err := exec.Command("ip", "netns", "del", n.Name).CombinedOutput()
-		if err != nil {
-			n.closeErr = fmt.Errorf("delete netns %q: %w: %s", n.Name, err, strings.TrimSpace(string(out)))
+		n.mu.Lock()
+		n.h.Close()
+		n.h = nil
+		n.closeErr = unix.Close(n.fd)
+		n.mu.Unlock()
+		untrackOpen(n.id)
+		if n.closeErr != nil {
+			n.closeErr = fmt.Errorf("close netns %q: %w", n.Name, n.closeErr)
 		}
 	})
 	return n.closeErr
 }
 
-// Path returns the namespace's bind-mount, a file that can be opened and
-// passed to setns(2).
-func (n *Netns) Path() string { return filepath.Join(netnsDir, n.Name) }
+// Path returns a path that opens the namespace, for setns(2) or a tool's
+// --net= option: the descriptor's entry in /proc/PID/fd of this process,
+// usable by this process and its children until Close.
+func (n *Netns) Path() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), n.fd) }
 
 // Do runs fn on an OS thread switched into the namespace and switches the
 // thread back afterwards. Sockets and file descriptors fn creates stay in
 // the namespace for their whole life (a socket belongs to the namespace it
 // was created in; a /dev/net/tun descriptor to the one it was opened in).
+// A process fn starts (os/exec) starts in the namespace too: fork copies
+// the calling thread's namespaces.
 //
 // Only fn's own goroutine runs in the namespace: goroutines fn starts run
 // on other threads, in the process's namespace. If the thread cannot be
@@ -95,13 +185,17 @@ func (n *Netns) Do(fn func() error) error {
 		return fmt.Errorf("netns %q: open current netns: %w", n.Name, err)
 	}
 	defer unix.Close(orig)
-	target, err := unix.Open(n.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
+	// The read lock keeps Close from closing the descriptor (and its
+	// number from being reused) between the check and setns.
+	n.mu.RLock()
+	if n.h == nil {
+		n.mu.RUnlock()
 		runtime.UnlockOSThread()
-		return fmt.Errorf("netns %q: open %s: %w", n.Name, n.Path(), err)
+		return fmt.Errorf("netns %q: %w", n.Name, os.ErrClosed)
 	}
-	defer unix.Close(target)
-	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+	err = unix.Setns(n.fd, unix.CLONE_NEWNET)
+	n.mu.RUnlock()
+	if err != nil {
 		runtime.UnlockOSThread()
 		return fmt.Errorf("netns %q: setns: %w", n.Name, err)
 	}
@@ -115,35 +209,40 @@ func (n *Netns) Do(fn func() error) error {
 	return fn()
 }
 
-// IP runs `ip -n NAME args...`. The error includes ip's combined output.
+// IP runs `ip args...` inside the namespace, for callers that want ip(8)
+// itself (testbed does not use it). The error includes ip's combined
+// output.
 func (n *Netns) IP(args ...string) error {
-	full := append([]string{"-n", n.Name}, args...)
-	out, err := exec.Command("ip", full...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %w: %s", strings.Join(full, " "), err, strings.TrimSpace(string(out)))
+	cmd := exec.Command("ip", args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := n.run(cmd); err != nil {
+		return fmt.Errorf("ip %s (netns %s): %w: %s", strings.Join(args, " "), n.Name, err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }
 
-// Output runs `ip -n NAME args...` and returns its standard output. The
-// error includes ip's standard error.
+// Output runs `ip args...` inside the namespace and returns its standard
+// output. The error includes ip's standard error.
 func (n *Netns) Output(args ...string) (string, error) {
-	full := append([]string{"-n", n.Name}, args...)
-	cmd := exec.Command("ip", full...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("ip %s: %w: %s", strings.Join(full, " "), err, strings.TrimSpace(stderr.String()))
+	cmd := exec.Command("ip", args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := n.run(cmd); err != nil {
+		return stdout.String(), fmt.Errorf("ip %s (netns %s): %w: %s", strings.Join(args, " "), n.Name, err, strings.TrimSpace(stderr.String()))
 	}
-	return string(out), nil
+	return stdout.String(), nil
 }
 
-// Exec returns a command that runs name with args inside the namespace
-// (`ip netns exec NAME name args...`). ctx bounds its life as in
-// exec.CommandContext; the caller starts and waits for it.
-func (n *Netns) Exec(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+// run starts cmd from a thread inside the namespace (Do: the child
+// inherits the thread's network namespace) and waits for it. It is the
+// cheap way in for a command testbed starts and waits for itself; Exec,
+// whose caller starts the command, re-executes the binary instead.
+func (n *Netns) run(cmd *exec.Cmd) error {
+	if err := n.Do(cmd.Start); err != nil {
+		return err
+	}
+	return cmd.Wait()
 }
 
 // DialTCP connects a TCP socket created inside the namespace to raddr. If
@@ -246,32 +345,126 @@ func CongestionControl(c *net.TCPConn) (string, error) {
 }
 
 // NewVethPair creates a veth pair with nameA in a and nameB in b, sets both
-// ends' MTU to mtu (unless mtu is 0) and brings both up. Addresses are left
-// to the caller (a.IP("addr", "add", ...)). If any step fails the pair is
-// deleted again. Deleting either namespace deletes the pair.
+// ends' MTU to mtu (unless mtu is 0) and brings both up, over netlink (as
+// `ip link add NAMEA mtu MTU type veth peer name NAMEB mtu MTU netns B`).
+// Addresses are left to the caller. If any step fails the pair is deleted
+// again. Releasing either namespace deletes the pair once the kernel
+// destroys it.
 func NewVethPair(a, b *Netns, nameA, nameB string, mtu int) error {
-	args := []string{"link", "add", "dev", nameA}
-	if mtu > 0 {
-		args = append(args, "mtu", strconv.Itoa(mtu))
+	// NewLinkAttrs and a PeerTxQLen of -1: no IFLA_TXQLEN, so both ends
+	// keep the driver's default queue length, as with ip(8).
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU = nameA, mtu
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: nameB, PeerMTU: uint32(mtu), PeerTxQLen: -1}
+	bfd, err := b.dupFD()
+	if err != nil {
+		return fmt.Errorf("create veth %s/%s: %w", nameA, nameB, err)
 	}
-	args = append(args, "type", "veth", "peer", "name", nameB)
-	if mtu > 0 {
-		args = append(args, "mtu", strconv.Itoa(mtu))
-	}
-	args = append(args, "netns", b.Name)
-	if err := a.IP(args...); err != nil {
+	veth.PeerNamespace = netlink.NsFd(bfd)
+	err = a.netlink(func(h *netlink.Handle) error { return h.LinkAdd(veth) })
+	unix.Close(bfd)
+	if err != nil {
 		return fmt.Errorf("create veth %s/%s: %w", nameA, nameB, err)
 	}
 	for _, step := range []struct {
 		ns   *Netns
 		name string
 	}{{a, nameA}, {b, nameB}} {
-		if err := step.ns.IP("link", "set", "dev", step.name, "up"); err != nil {
-			a.IP("link", "del", "dev", nameA) // takes the peer with it
+		if err := step.ns.SetLinkUp(step.name); err != nil {
+			a.netlink(func(h *netlink.Handle) error { return h.LinkDel(veth) }) // takes the peer with it
 			return fmt.Errorf("create veth %s/%s: %w", nameA, nameB, err)
 		}
 	}
 	return nil
+}
+
+// dupFD returns a new descriptor of the namespace (close-on-exec), for the
+// caller to close; os.ErrClosed once the namespace is closed.
+func (n *Netns) dupFD() (int, error) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.h == nil {
+		return -1, os.ErrClosed
+	}
+	return unix.FcntlInt(uintptr(n.fd), unix.F_DUPFD_CLOEXEC, 0)
+}
+
+// link returns the device called name in the namespace.
+func (n *Netns) link(name string) (netlink.Link, error) {
+	var l netlink.Link
+	err := n.netlink(func(h *netlink.Handle) error {
+		var err error
+		l, err = h.LinkByName(name)
+		return err
+	})
+	return l, err
+}
+
+// SetLinkUp brings the device called name in the namespace up (`ip link
+// set dev NAME up`).
+func (n *Netns) SetLinkUp(name string) error {
+	err := n.netlink(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		return h.LinkSetUp(l)
+	})
+	if err != nil {
+		return fmt.Errorf("netns %q: set %s up: %w", n.Name, name, err)
+	}
+	return nil
+}
+
+// SetLinkMTU sets the MTU of the device called name in the namespace
+// (`ip link set dev NAME mtu MTU`).
+func (n *Netns) SetLinkMTU(name string, mtu int) error {
+	err := n.netlink(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		return h.LinkSetMTU(l, mtu)
+	})
+	if err != nil {
+		return fmt.Errorf("netns %q: set %s mtu %d: %w", n.Name, name, mtu, err)
+	}
+	return nil
+}
+
+// AddAddr gives the device called name in the namespace the address p
+// (`ip addr add P dev NAME`, no broadcast address; IPv6 with nodad, so
+// that it is usable at once rather than after duplicate address
+// detection).
+func (n *Netns) AddAddr(name string, p netip.Prefix) error {
+	err := n.netlink(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		return h.AddrAdd(l, nlAddr(p))
+	})
+	if err != nil {
+		return fmt.Errorf("netns %q: add address %s to %s: %w", n.Name, p, name, err)
+	}
+	return nil
+}
+
+// nlAddr is p as AddrAdd and AddrDel take it: IPv4 without a broadcast
+// address, IPv6 without duplicate address detection (IFA_F_NODAD).
+func nlAddr(p netip.Prefix) *netlink.Addr {
+	a := &netlink.Addr{IPNet: prefixNet(p)}
+	if p.Addr().Is4() {
+		a.Broadcast = net.IPv4zero // none, as ip(8) without brd
+	} else {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
+}
+
+// prefixNet is p as a *net.IPNet, the address not masked.
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // SNMP returns the counters of one protocol line of the namespace's
@@ -307,17 +500,27 @@ func (n *Netns) SNMP(proto string) (map[string]uint64, error) {
 }
 
 // SetDevAttr writes value to /sys/class/net/DEV/ATTR as the namespace sees
-// it (`ip netns exec` mounts the namespace's own sysfs), e.g.
-// gro_flush_timeout or napi_defer_hard_irqs, as the kernel's
-// tools/testing/selftests/net/setup_veth.sh does.
+// it, e.g. gro_flush_timeout or napi_defer_hard_irqs, as the kernel's
+// tools/testing/selftests/net/setup_veth.sh does. The process's /sys shows
+// the devices of the namespace that mounted it, so, as `ip netns exec`
+// does, the write is made by a child (this binary re-executed, see
+// writeSysfs) started inside the namespace with a mount namespace of its
+// own (CLONE_NEWNS; os/exec then makes its mounts private), which mounts a
+// sysfs over /sys (sysfs shows the mounting task's network namespace) and
+// writes the file. A thread of this process could do the same only by
+// leaving its file system context unshared for good.
 func (n *Netns) SetDevAttr(dev, attr, value string) error {
-	if strings.ContainsAny(dev+attr, "/ ") || strings.ContainsAny(value, "'\n") {
+	if dev == "" || attr == "" || strings.ContainsAny(dev+attr, "/ ") || dev == ".." || attr == ".." {
 		return fmt.Errorf("netns %q: bad sysfs attribute %q/%q", n.Name, dev, attr)
 	}
 	path := "/sys/class/net/" + dev + "/" + attr
-	out, err := n.Exec(context.Background(), "sh", "-c", "echo '"+value+"' > "+path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("netns %q: write %s: %w: %s", n.Name, path, err, strings.TrimSpace(string(out)))
+	cmd := exec.Command("/proc/self/exe", sysfsArg0, path, value)
+	cmd.Args = cmd.Args[1:] // argv[0] is the mark
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := n.run(cmd); err != nil {
+		return fmt.Errorf("netns %q: write %s: %w: %s", n.Name, path, err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }

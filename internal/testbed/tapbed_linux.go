@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
-	"strings"
+	"os"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // TAPConfig configures NewTAPBed. The zero value is usable.
@@ -40,7 +42,7 @@ type TAPConfig struct {
 // (see Open) is expected at StackAddr4 and StackAddr6 on the same subnets.
 // The namespace has no other interface than lo and no default route.
 //
-// The TAP is created with `ip tuntap add` and so carries no vnet_hdr or
+// The TAP is created as `ip tuntap add` does and so carries no vnet_hdr or
 // offload flags of its own; whoever opens it sets the flags it wants on
 // its descriptor. Until a descriptor is attached the link is up but has no
 // carrier.
@@ -106,29 +108,69 @@ func NewTAPBed(cfg TAPConfig) (*TAPBed, error) {
 		KernelAddr4: k4, StackAddr4: s4,
 		KernelAddr6: k6, StackAddr6: s6,
 	}
-	mode := "tap"
-	if cfg.TUN {
-		mode = "tun"
+	if err := b.addTAP(cfg.TUN, cfg.MultiQueue); err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("tap bed: %w", err)
 	}
-	add := []string{"tuntap", "add", "dev", b.TAPName, "mode", mode}
-	if cfg.MultiQueue {
-		add = append(add, "multi_queue")
-	}
-	steps := [][]string{
-		add,
-		{"link", "set", "dev", b.TAPName, "mtu", strconv.Itoa(b.MTU)},
-		{"addr", "add", k4.String(), "dev", b.TAPName},
-		{"addr", "add", k6.String(), "dev", b.TAPName, "nodad"},
-		{"link", "set", "dev", b.TAPName, "up"},
-	}
-	for _, args := range steps {
-		if err := ns.IP(args...); err != nil {
-			ns.IP("link", "del", "dev", b.TAPName)
-			ns.Close()
-			return nil, fmt.Errorf("tap bed: %w", err)
+	err = ns.netlink(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(b.TAPName)
+		if err != nil {
+			return err
 		}
+		if err := h.LinkSetMTU(l, b.MTU); err != nil {
+			return fmt.Errorf("set mtu %d: %w", b.MTU, err)
+		}
+		for _, p := range []netip.Prefix{k4, k6} {
+			if err := h.AddrAdd(l, nlAddr(p)); err != nil {
+				return fmt.Errorf("add address %s: %w", p, err)
+			}
+		}
+		return h.LinkSetUp(l)
+	})
+	if err != nil {
+		ns.Close() // takes the device with it
+		return nil, fmt.Errorf("tap bed: %s: %w", b.TAPName, err)
 	}
 	return b, nil
+}
+
+// addTAP creates the bed's persistent TAP (or TUN) device from inside its
+// namespace, as `ip tuntap add dev NAME mode tap|tun [multi_queue]` does:
+// /dev/net/tun opened in the namespace (the device is made in the
+// namespace of the opener, tun_set_iff), TUNSETIFF with IFF_NO_PI,
+// TUNSETPERSIST, and the descriptor closed again. The device keeps no
+// vnet_hdr or offload flags: whoever attaches sets its own.
+func (b *TAPBed) addTAP(tun, multiQueue bool) error {
+	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if tun {
+		flags = unix.IFF_TUN | unix.IFF_NO_PI
+	}
+	if multiQueue {
+		flags |= unix.IFF_MULTI_QUEUE
+	}
+	err := b.NS.Do(func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		ifr, err := unix.NewIfreq(b.TAPName)
+		if err != nil {
+			return err
+		}
+		ifr.SetUint16(flags)
+		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+			return fmt.Errorf("TUNSETIFF: %w", err)
+		}
+		if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
+			return fmt.Errorf("TUNSETPERSIST: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create %s: %w", b.TAPName, err)
+	}
+	return nil
 }
 
 // firstTwo returns the first two host addresses of p (.1 and .2 of an IPv4
@@ -139,17 +181,22 @@ func firstTwo(p netip.Prefix) (netip.Prefix, netip.Prefix) {
 	return netip.PrefixFrom(a, p.Bits()), netip.PrefixFrom(a.Next(), p.Bits())
 }
 
-// Close deletes the TAP device and the namespace. Close descriptors opened
-// on the TAP first: while one is open the namespace outlives Close
-// invisibly. Close is idempotent.
+// Close deletes the TAP device and releases the namespace (Netns.Close).
+// Close descriptors opened on the TAP first: while one is open the
+// namespace outlives Close invisibly. Close is idempotent.
 func (b *TAPBed) Close() error {
 	var errs []error
 	// The device may already be gone (closed twice, or deleted by the
-	// test); only the namespace's removal decides the result then.
-	if err := b.NS.IP("link", "show", "dev", b.TAPName); err == nil {
-		if err := b.NS.IP("link", "del", "dev", b.TAPName); err != nil {
-			errs = append(errs, fmt.Errorf("tap bed: %w", err))
+	// test); only the namespace's release decides the result then.
+	err := b.NS.netlink(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(b.TAPName)
+		if err != nil {
+			return nil
 		}
+		return h.LinkDel(l)
+	})
+	if err != nil && !errors.Is(err, os.ErrClosed) {
+		errs = append(errs, fmt.Errorf("tap bed: delete %s: %w", b.TAPName, err))
 	}
 	if err := b.NS.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("tap bed: %w", err))
@@ -183,19 +230,20 @@ const ReadyTimeout = 2 * time.Second
 func (b *TAPBed) WaitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		out, err := b.NS.Output("-o", "link", "show", "dev", b.TAPName)
+		l, err := b.NS.link(b.TAPName)
 		if err != nil {
 			return fmt.Errorf("tap bed: wait for %s: %w", b.TAPName, err)
 		}
-		if strings.Contains(out, " state UP ") {
+		state := l.Attrs().OperState
+		if state == netlink.OperUp {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("tap bed: %s not up after %v (is a descriptor attached?): %s", b.TAPName, timeout, strings.TrimSpace(out))
+			return fmt.Errorf("tap bed: %s not up after %v (is a descriptor attached?): state %s", b.TAPName, timeout, state)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := b.NS.IP("link", "set", "dev", b.TAPName, "up"); err != nil {
+	if err := b.NS.SetLinkUp(b.TAPName); err != nil {
 		return fmt.Errorf("tap bed: %w", err)
 	}
 	return nil

@@ -5,10 +5,13 @@ package testbed
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +25,19 @@ func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for TAP and netns; run go test as root")
+	}
+}
+
+// waitFor polls cond until it holds, failing t (naming what) after 30 s.
+// (testutil.WaitFor cannot be used here: testutil imports testbed.)
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -39,18 +55,14 @@ func newNetns(t *testing.T) *Netns {
 	return ns
 }
 
-func netnsListed(t *testing.T, name string) bool {
-	t.Helper()
-	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip netns list: %v: %s", err, out)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == name {
-			return true
-		}
-	}
-	return false
+// isOpen reports whether OpenNetns lists name.
+func isOpen(name string) bool { return slices.Contains(OpenNetns(), name) }
+
+// netnsMounted reports whether a namespace called name is bind-mounted in
+// /run/netns, where `ip netns add` puts them.
+func netnsMounted(name string) bool {
+	_, err := os.Lstat(filepath.Join("/run/netns", name))
+	return err == nil
 }
 
 func TestNetnsLifecycle(t *testing.T) {
@@ -71,21 +83,92 @@ func TestNetnsLifecycle(t *testing.T) {
 	if !strings.HasPrefix(a.Name, "tbtest-") {
 		t.Errorf("name %q lacks prefix", a.Name)
 	}
-	if !netnsListed(t, a.Name) {
-		t.Fatalf("%s not in ip netns list", a.Name)
+	if !isOpen(a.Name) || !isOpen(b.Name) {
+		t.Fatalf("OpenNetns: got %v, want %s and %s in it", OpenNetns(), a.Name, b.Name)
+	}
+	if netnsMounted(a.Name) {
+		t.Errorf("%s is mounted in /run/netns: want it held by a descriptor only", a.Name)
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if netnsListed(t, a.Name) {
-		t.Errorf("%s still listed after Close", a.Name)
+	if isOpen(a.Name) {
+		t.Errorf("%s still in OpenNetns after Close", a.Name)
 	}
 	if err := a.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
+	if err := a.Do(func() error { return nil }); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("Do after Close: got %v, want os.ErrClosed", err)
+	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// netnsIno returns the inode of the namespace at path (an nsfs file).
+func netnsIno(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// netnsRefs returns where this process refers to the network namespace
+// with inode ino: its descriptors (/proc/self/fd) and its threads
+// (/proc/self/task/*/ns/net).
+func netnsRefs(t *testing.T, ino uint64) []string {
+	t.Helper()
+	want := fmt.Sprintf("net:[%d]", ino)
+	var refs []string
+	paths, _ := filepath.Glob("/proc/self/task/*/ns/net")
+	fds, _ := filepath.Glob("/proc/self/fd/*")
+	for _, p := range append(paths, fds...) {
+		if l, err := os.Readlink(p); err == nil && l == want {
+			refs = append(refs, p)
+		}
+	}
+	return refs
+}
+
+// TestNetnsClose checks that Close lets go of the namespace: no descriptor
+// or thread of the process refers to it any more, its Path no longer opens
+// it, and a veth whose peer is in it disappears with it.
+func TestNetnsClose(t *testing.T) {
+	needRoot(t)
+	a := newNetns(t)
+	b, err := NewNetns("tbtest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := NewVethPair(a, b, "tbxa", "tbxb", 0); err != nil {
+		t.Fatal(err)
+	}
+	path := b.Path()
+	ino := netnsIno(t, path)
+	if refs := netnsRefs(t, ino); len(refs) == 0 {
+		t.Fatalf("no descriptor of net:[%d] (%s) before Close", ino, path)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if refs := netnsRefs(t, ino); len(refs) != 0 {
+		t.Errorf("net:[%d] still referred to after Close: %v", ino, refs)
+	}
+	// The descriptor's number may be reused: then it must name something else.
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err == nil && st.Ino == ino {
+		t.Errorf("%s still opens net:[%d] after Close", path, ino)
+	}
+	// The kernel destroys the namespace, and the veth with it,
+	// asynchronously (cleanup_net).
+	waitFor(t, "tbxa to go with its peer's namespace", func() bool {
+		_, err := a.link("tbxa")
+		return err != nil
+	})
 }
 
 func TestNetnsDo(t *testing.T) {
@@ -143,15 +226,71 @@ func TestNetnsIPError(t *testing.T) {
 
 func TestNetnsExec(t *testing.T) {
 	needRoot(t)
-	ns := newNetns(t)
+	b := newTAPBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := ns.Exec(ctx, "ip", "-o", "link", "show").CombinedOutput()
+	// /proc/net follows the reading process's network namespace.
+	out, err := b.NS.Exec(ctx, "cat", "/proc/net/dev").CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "lo:") {
-		t.Errorf("links inside: %q, want only lo", out)
+	var devs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			devs = append(devs, strings.TrimSpace(name))
+		}
+	}
+	slices.Sort(devs)
+	if want := []string{"lo", b.TAPName}; !slices.Equal(devs, want) {
+		t.Errorf("devices the command sees: got %v, want %v", devs, want)
+	}
+	// Args, the environment and the exit status reach the program.
+	cmd := b.NS.Exec(ctx, "sh", "-c", `echo "$0 $TBVAR"; exit 7`, "arg0")
+	cmd.Env = append(os.Environ(), "TBVAR=set")
+	out, err = cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 || string(out) != "arg0 set\n" {
+		t.Errorf("sh: got %q, %v; want \"arg0 set\\n\" and exit status 7", out, err)
+	}
+	// A missing program fails Start, as with exec.Command.
+	if err := b.NS.Exec(ctx, "testbed-no-such-program").Run(); !errors.Is(err, exec.ErrNotFound) {
+		t.Errorf("missing program: got %v, want exec.ErrNotFound", err)
+	}
+}
+
+// TestNetnsExecCancel checks exec.CommandContext's semantics through the
+// re-execution: cancelling ctx kills the program itself (it has the pid
+// Start returned), and Wait works from another goroutine.
+func TestNetnsExecCancel(t *testing.T) {
+	needRoot(t)
+	ns := newNetns(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := ns.Exec(ctx, "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	// The process becomes sleep itself, in the namespace.
+	waitFor(t, "the child to exec sleep", func() bool {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return err == nil && string(comm) == "sleep\n"
+	})
+	if got, want := netnsIno(t, fmt.Sprintf("/proc/%d/ns/net", pid)), netnsIno(t, ns.Path()); got != want {
+		t.Errorf("sleep's netns: got inode %d, want %d", got, want)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Errorf("Wait after cancel: got %v, want killed by SIGKILL", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("sleep still running %v after cancel", time.Since(start))
 	}
 }
 
@@ -263,8 +402,8 @@ func TestTAPBed(t *testing.T) {
 			if err := b.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if netnsListed(t, b.NS.Name) {
-				t.Errorf("%s still listed after Close", b.NS.Name)
+			if isOpen(b.NS.Name) {
+				t.Errorf("%s still open after Close", b.NS.Name)
 			}
 			if err := b.Close(); err != nil {
 				t.Errorf("second Close: %v", err)
@@ -275,7 +414,7 @@ func TestTAPBed(t *testing.T) {
 
 func TestTAPBedBadConfig(t *testing.T) {
 	needRoot(t)
-	before := netnsCount(t)
+	before := len(OpenNetns())
 	tests := []struct {
 		name string
 		cfg  TAPConfig
@@ -295,26 +434,9 @@ func TestTAPBedBadConfig(t *testing.T) {
 			t.Log(err)
 		})
 	}
-	if after := netnsCount(t); after != before {
+	if after := len(OpenNetns()); after != before {
 		t.Errorf("%d namespaces before, %d after failed NewTAPBed calls", before, after)
 	}
-}
-
-// netnsCount counts the namespaces this process created and has not
-// deleted (other processes may be making their own meanwhile).
-func netnsCount(t *testing.T) int {
-	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip netns list: %v: %s", err, out)
-	}
-	mine := "-" + strconv.Itoa(os.Getpid()) + "-"
-	n := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], mine) {
-			n++
-		}
-	}
-	return n
 }
 
 func TestDialTCPCongestion(t *testing.T) {
@@ -414,7 +536,7 @@ func TestVethPair(t *testing.T) {
 		dev  string
 		addr string
 	}{{a, "tbva", "10.79.0.1/24"}, {b, "tbvb", "10.79.0.2/24"}} {
-		if err := s.ns.IP("addr", "add", s.addr, "dev", s.dev); err != nil {
+		if err := s.ns.AddAddr(s.dev, netip.MustParsePrefix(s.addr)); err != nil {
 			t.Fatal(err)
 		}
 		out, err := s.ns.Output("link", "show", "dev", s.dev)
@@ -529,4 +651,39 @@ func attachTAP(name string) (int, error) {
 		return -1, err
 	}
 	return fd, nil
+}
+
+// TestSetDevAttr writes a veth's sysfs attributes as its namespace sees
+// them: the write reaches the device in the namespace (its MTU changes),
+// and the process's own /sys, which shows the host's devices, is left as
+// it was.
+func TestSetDevAttr(t *testing.T) {
+	needRoot(t)
+	a, b := newNetns(t), newNetns(t)
+	if err := NewVethPair(a, b, "tbsa", "tbsb", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetDevAttr("tbsa", "mtu", "1400"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := a.link("tbsa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Attrs().MTU; got != 1400 {
+		t.Errorf("tbsa's MTU after writing its sysfs mtu: got %d, want 1400", got)
+	}
+	if err := a.SetDevAttr("tbsa", "gro_flush_timeout", "20000"); err != nil {
+		t.Fatal(err)
+	}
+	// The device is looked up in the namespace, not the caller's.
+	if err := b.SetDevAttr("tbsa", "mtu", "1300"); err == nil {
+		t.Error("SetDevAttr of a device in another namespace succeeded")
+	}
+	if _, err := os.Stat("/sys/class/net/tbsa"); err == nil {
+		t.Error("tbsa shows in the process's /sys")
+	}
+	if err := a.SetDevAttr("../tbsa", "mtu", "1300"); err == nil {
+		t.Error("SetDevAttr took a path as the device's name")
+	}
 }

@@ -5,10 +5,13 @@ package testbed
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
-	"strconv"
-	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // IP6TunnelConfig configures AddIP6Tunnel. The zero value is usable.
@@ -74,15 +77,16 @@ type IP6Tunnel struct {
 	MTU int
 
 	tap  string
-	undo [][]string // ip commands that remove what Add made, last first
+	undo []func() error // what removes what Add made, last first
 }
 
 // AddIP6Tunnel sets up an IPv6 tunnel from the kernel in b's namespace to
-// the stack on b's TAP (see IP6Tunnel): for ip6tnl, `ip -6 tunnel add NAME
-// mode MODE local KERNEL_OUTER remote STACK_OUTER encaplimit none`, its MTU,
-// the kernel's inner addresses on it (their subnets routed through it) and
-// the device up. On error it removes what it made. Deleting the namespace
-// (b.Close) removes the tunnel too; Close removes it earlier.
+// the stack on b's TAP (see IP6Tunnel), over netlink: for ip6tnl, what
+// `ip -6 tunnel add NAME mode MODE local KERNEL_OUTER remote STACK_OUTER
+// encaplimit none` makes, its MTU, the kernel's inner addresses on it
+// (their subnets routed through it) and the device up. On error it removes
+// what it made. Releasing the namespace (b.Close) removes the tunnel too;
+// Close removes it earlier.
 func (b *TAPBed) AddIP6Tunnel(cfg IP6TunnelConfig) (*IP6Tunnel, error) {
 	t, err := b.PlanIP6Tunnel(cfg)
 	if err != nil {
@@ -165,7 +169,8 @@ func (b *TAPBed) PlanIP6Tunnel(cfg IP6TunnelConfig) (*IP6Tunnel, error) {
 // hasIP6Tnl reports whether the kernel can make ip6tnl devices: ip6_tunnel
 // makes a fallback device ip6tnl0 in every namespace.
 func (b *TAPBed) hasIP6Tnl() bool {
-	return b.NS.IP("link", "show", "dev", "ip6tnl0") == nil
+	_, err := b.NS.link("ip6tnl0")
+	return err == nil
 }
 
 // Add makes the tunnel PlanIP6Tunnel described. On error it removes what it
@@ -178,84 +183,119 @@ func (t *IP6Tunnel) Add() error {
 	return nil
 }
 
+// ip6tnlProto is the inner protocol an ip6tnl device of each mode carries
+// (IFLA_IPTUN_PROTO): 0 for any.
+var ip6tnlProto = map[string]uint8{"any": 0, "ipip6": unix.IPPROTO_IPIP, "ip6ip6": unix.IPPROTO_IPV6}
+
+// The ip6tnl parameters `ip -6 tunnel add` gives a tunnel by default
+// (DEFAULT_TNL_HOP_LIMIT and IPV6_DEFAULT_TNL_ENCAP_LIMIT in iproute2 and
+// the kernel), and IP6_TNL_F_IGN_ENCAP_LIMIT (<linux/ip6_tunnel.h>), which
+// `encaplimit none` sets: no tunnel encapsulation limit option is added,
+// so that the outer header has no extension headers.
+const (
+	ip6tnlHopLimit         = 64
+	ip6tnlEncapLimit       = 4
+	ip6tnlIgnoreEncapLimit = 0x1
+)
+
 func (t *IP6Tunnel) add() error {
-	// do runs an ip command and records how to undo it.
-	do := func(undo []string, args ...string) error {
-		if err := t.NS.IP(args...); err != nil {
+	// do runs one netlink step and records how to undo it.
+	do := func(undo func(h *netlink.Handle) error, step func(h *netlink.Handle) error) error {
+		if err := t.NS.netlink(step); err != nil {
 			return err
 		}
 		if undo != nil {
-			t.undo = append(t.undo, undo)
+			t.undo = append(t.undo, func() error { return t.NS.netlink(undo) })
 		}
 		return nil
 	}
-	ko, so := t.KernelOuter.String(), t.StackOuter.String()
+	tap, err := t.NS.link(t.tap)
+	if err != nil {
+		return err
+	}
 	if t.Kind == "ip6tnl" {
-		mode := t.Mode
-		steps := []struct{ undo, args []string }{
-			{[]string{"link", "del", "dev", t.Name}, []string{"-6", "tunnel", "add", t.Name, "mode", mode, "local", ko, "remote", so, "encaplimit", "none"}},
-			{nil, []string{"link", "set", "dev", t.Name, "mtu", strconv.Itoa(t.MTU)}},
+		attrs := netlink.NewLinkAttrs() // no IFLA_TXQLEN
+		attrs.Name = t.Name
+		tnl := &netlink.Ip6tnl{
+			LinkAttrs:  attrs,
+			Local:      t.KernelOuter.AsSlice(),
+			Remote:     t.StackOuter.AsSlice(),
+			Ttl:        ip6tnlHopLimit,
+			EncapLimit: ip6tnlEncapLimit,
+			Flags:      ip6tnlIgnoreEncapLimit,
+			Proto:      ip6tnlProto[t.Mode],
 		}
-		if t.KernelInner4.IsValid() {
-			steps = append(steps, struct{ undo, args []string }{nil, []string{"addr", "add", t.KernelInner4.String(), "dev", t.Name}})
+		if err := do(func(h *netlink.Handle) error { return h.LinkDel(tnl) },
+			func(h *netlink.Handle) error { return h.LinkAdd(tnl) }); err != nil {
+			return fmt.Errorf("add ip6tnl %s: %w", t.Name, err)
 		}
-		if t.KernelInner6.IsValid() {
-			steps = append(steps, struct{ undo, args []string }{nil, []string{"addr", "add", t.KernelInner6.String(), "dev", t.Name, "nodad"}})
+		if err := t.NS.SetLinkMTU(t.Name, t.MTU); err != nil {
+			return err
 		}
-		steps = append(steps, struct{ undo, args []string }{nil, []string{"link", "set", "dev", t.Name, "up"}})
-		for _, s := range steps {
-			if err := do(s.undo, s.args...); err != nil {
-				return err
+		for _, p := range []netip.Prefix{t.KernelInner4, t.KernelInner6} {
+			if p.IsValid() {
+				if err := t.NS.AddAddr(t.Name, p); err != nil {
+					return err
+				}
 			}
 		}
-		return nil
+		return t.NS.SetLinkUp(t.Name)
 	}
 
 	// seg6: the inner addresses on lo; a route per stack inner address
 	// that encapsulates (reduced: with one segment, no routing header) to
-	// StackOuter, its MTU the TAP's less the encapsulation's headroom; a segment per inner family that decapsulates and
+	// StackOuter; a segment per inner family that decapsulates and
 	// delivers the inner packet locally.
-	if err := do([]string{"sr", "tunsrc", "set", "::"}, "sr", "tunsrc", "set", ko); err != nil {
+	if err := t.setTunsrc(t.KernelOuter); err != nil {
 		return err
 	}
+	t.undo = append(t.undo, func() error { return t.setTunsrc(netip.IPv6Unspecified()) })
+	idx := tap.Attrs().Index
+	// addLocal puts k (a host prefix) on lo, routes s (a host prefix)
+	// into the seg6 encapsulation from k, and makes decap a seg6local
+	// segment with action, answered for by proxy NDP.
+	addLocal := func(k, s netip.Prefix, decap netip.Addr, action *netlink.SEG6LocalEncap) error {
+		lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}}
+		if err := do(func(h *netlink.Handle) error { return h.AddrDel(lo, nlAddr(k)) },
+			func(h *netlink.Handle) error { return h.AddrAdd(lo, nlAddr(k)) }); err != nil {
+			return fmt.Errorf("add %s to lo: %w", k, err)
+		}
+		encap := &netlink.Route{
+			Dst:       prefixNet(s),
+			LinkIndex: idx,
+			Src:       k.Addr().AsSlice(),
+			Encap:     &netlink.SEG6Encap{Mode: seg6ModeEncapRed, Segments: []net.IP{t.StackOuter.AsSlice()}},
+		}
+		if err := do(func(h *netlink.Handle) error { return h.RouteDel(&netlink.Route{Dst: encap.Dst, LinkIndex: idx}) },
+			func(h *netlink.Handle) error { return h.RouteAdd(encap) }); err != nil {
+			return fmt.Errorf("add seg6 route to %s: %w", s, err)
+		}
+		seg := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(decap, 128)), LinkIndex: idx, Encap: action}
+		if err := do(func(h *netlink.Handle) error { return h.RouteDel(&netlink.Route{Dst: seg.Dst, LinkIndex: idx}) },
+			func(h *netlink.Handle) error { return h.RouteAdd(seg) }); err != nil {
+			return fmt.Errorf("add seg6local segment %s: %w", decap, err)
+		}
+		proxy := &netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V6, Flags: netlink.NTF_PROXY, State: netlink.NUD_PERMANENT, IP: decap.AsSlice()}
+		if err := do(func(h *netlink.Handle) error { return h.NeighDel(proxy) },
+			func(h *netlink.Handle) error { return h.NeighAdd(proxy) }); err != nil {
+			return fmt.Errorf("add proxy neighbour %s: %w", decap, err)
+		}
+		return nil
+	}
 	if t.KernelInner4.IsValid() {
-		k4 := netip.PrefixFrom(t.KernelInner4.Addr(), 32).String()
-		s4 := netip.PrefixFrom(t.StackInner4.Addr(), 32).String()
-		if err := do([]string{"addr", "del", k4, "dev", "lo"}, "addr", "add", k4, "dev", "lo"); err != nil {
-			return err
-		}
-		if err := do([]string{"route", "del", s4}, "route", "add", s4, "encap", "seg6", "mode", "encap.red", "segs", so,
-			"dev", t.tap, "src", t.KernelInner4.Addr().String()); err != nil {
-			return err
-		}
-		d4 := netip.PrefixFrom(t.KernelDecap4, 128).String()
-		if err := do([]string{"-6", "route", "del", d4}, "-6", "route", "add", d4, "encap", "seg6local", "action", "End.DX4",
-			"nh4", t.KernelInner4.Addr().String(), "dev", t.tap); err != nil {
-			return err
-		}
-		if err := do([]string{"-6", "neigh", "del", "proxy", t.KernelDecap4.String(), "dev", t.tap}, "-6", "neigh", "add", "proxy", t.KernelDecap4.String(), "dev", t.tap); err != nil {
+		dx4 := &netlink.SEG6LocalEncap{Action: nl.SEG6_LOCAL_ACTION_END_DX4, InAddr: t.KernelInner4.Addr().AsSlice()}
+		dx4.Flags[nl.SEG6_LOCAL_NH4] = true
+		if err := addLocal(netip.PrefixFrom(t.KernelInner4.Addr(), 32), netip.PrefixFrom(t.StackInner4.Addr(), 32), t.KernelDecap4, dx4); err != nil {
 			return err
 		}
 	}
 	if t.KernelInner6.IsValid() {
-		k6 := netip.PrefixFrom(t.KernelInner6.Addr(), 128).String()
-		s6 := netip.PrefixFrom(t.StackInner6.Addr(), 128).String()
-		if err := do([]string{"addr", "del", k6, "dev", "lo"}, "addr", "add", k6, "dev", "lo", "nodad"); err != nil {
-			return err
-		}
-		if err := do([]string{"-6", "route", "del", s6}, "-6", "route", "add", s6, "encap", "seg6", "mode", "encap.red", "segs", so,
-			"dev", t.tap, "src", t.KernelInner6.Addr().String()); err != nil {
-			return err
-		}
-		d6 := netip.PrefixFrom(t.KernelDecap6, 128).String()
 		// End.DX6 refuses to deliver locally (it forwards the inner
 		// packet to a neighbour); End.DT6 looks the inner destination
 		// up in a table, here the local one, and delivers.
-		if err := do([]string{"-6", "route", "del", d6}, "-6", "route", "add", d6, "encap", "seg6local", "action", "End.DT6",
-			"table", "local", "dev", t.tap); err != nil {
-			return err
-		}
-		if err := do([]string{"-6", "neigh", "del", "proxy", t.KernelDecap6.String(), "dev", t.tap}, "-6", "neigh", "add", "proxy", t.KernelDecap6.String(), "dev", t.tap); err != nil {
+		dt6 := &netlink.SEG6LocalEncap{Action: nl.SEG6_LOCAL_ACTION_END_DT6, Table: unix.RT_TABLE_LOCAL}
+		dt6.Flags[nl.SEG6_LOCAL_TABLE] = true
+		if err := addLocal(netip.PrefixFrom(t.KernelInner6.Addr(), 128), netip.PrefixFrom(t.StackInner6.Addr(), 128), t.KernelDecap6, dt6); err != nil {
 			return err
 		}
 	}
@@ -272,23 +312,64 @@ func (t *IP6Tunnel) add() error {
 	})
 }
 
+// seg6ModeEncapRed is SEG6_IPTUN_MODE_ENCAP_RED (<linux/seg6_iptunnel.h>),
+// `encap.red`: an outer IPv6 header whose destination is the first
+// segment, and no routing header when there is only one (the netlink
+// package names only the inline and encap modes).
+const seg6ModeEncapRed = 3
+
+// The SEG6 generic netlink family's command and attribute that set the
+// namespace's source address for seg6 encapsulation (<linux/seg6_genl.h>;
+// the kernel's seg6_genl_set_tunsrc), as `ip sr tunsrc set` does.
+const (
+	seg6GenlVersion  = 1
+	seg6CmdSetTunsrc = 3
+	seg6AttrDst      = 1
+)
+
+// setTunsrc sets the seg6 encapsulation's source address (`ip sr tunsrc
+// set ADDR`; :: lets the kernel pick one per route), from a generic
+// netlink socket opened inside the namespace.
+func (t *IP6Tunnel) setTunsrc(a netip.Addr) error {
+	err := t.NS.Do(func() error {
+		// Package-level netlink calls open their socket on the calling
+		// thread, which Do has switched into the namespace.
+		fam, err := netlink.GenlFamilyGet("SEG6")
+		if err != nil {
+			return err
+		}
+		req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_ACK)
+		req.AddData(&nl.Genlmsg{Command: seg6CmdSetTunsrc, Version: seg6GenlVersion})
+		a16 := a.As16()
+		req.AddData(nl.NewRtAttr(seg6AttrDst, a16[:]))
+		_, err = req.Execute(unix.NETLINK_GENERIC, 0)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set seg6 tunsrc %s: %w", a, err)
+	}
+	return nil
+}
+
 // Close removes the tunnel: the device, or the seg6 routes and addresses.
-// Parts already gone (the namespace deleted) are not an error. Close is
+// Parts already gone (the namespace released) are not an error. Close is
 // idempotent.
 func (t *IP6Tunnel) Close() error {
 	var errs []error
 	for i := len(t.undo) - 1; i >= 0; i-- {
-		if err := t.NS.IP(t.undo[i]...); err != nil && !gone(err) {
-			errs = append(errs, err)
+		if err := t.undo[i](); err != nil && !gone(err) {
+			errs = append(errs, fmt.Errorf("ip6 tunnel: %w", err))
 		}
 	}
 	t.undo = nil
 	return errors.Join(errs...)
 }
 
-// gone reports whether an ip error says the object or namespace no longer
+// gone reports whether err says the object or the namespace no longer
 // exists.
 func gone(err error) bool {
-	s := err.Error()
-	return strings.Contains(s, "No such") || strings.Contains(s, "Cannot find") || strings.Contains(s, "does not exist")
+	var nf netlink.LinkNotFoundError
+	return errors.Is(err, os.ErrClosed) || errors.As(err, &nf) ||
+		errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) ||
+		errors.Is(err, unix.EADDRNOTAVAIL)
 }

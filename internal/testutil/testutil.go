@@ -1,7 +1,7 @@
 // Package testutil holds what the tests of every ustack package share, as
 // wireguard-go's tun/tuntest does for its tun tests: a TestMain that fails
-// the run when a test leaves a goroutine running or a pooled page out
-// (Main, Run), pool constructors those checks cover (NewPool), a poll for
+// the run when a test leaves a goroutine running, a pooled page out or a
+// testbed network namespace open (Main, Run), pool constructors those checks cover (NewPool), a poll for
 // a condition (WaitFor), and test frames built with gVisor's header
 // encoders (Frame).
 //
@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ustack/ustack/bufpool"
+	"github.com/ustack/ustack/internal/testbed"
 )
 
 // leakWait bounds how long Run waits, after the tests passed, for their
@@ -37,9 +38,12 @@ const leakWait = 30 * time.Second
 func Main(m *testing.M, opts ...goleak.Option) { os.Exit(Run(m, opts...)) }
 
 // Run runs the tests (m.Run) and returns the exit code: the tests' own, or
-// 1 when they passed but a pool from NewPool still has pages in use or a
-// goroutine is still running that was not before the tests (goleak, with
-// opts for the ones a package knows to outlive its tests). Both are polled
+// 1 when they passed but a pool from NewPool still has pages in use, a
+// network namespace that testbed made is still open (testbed.OpenNetns:
+// they are held by descriptors, so no listing outside the process, such
+// as `ip netns list`, shows one a test forgot) or a goroutine is still
+// running that was not before the tests (goleak, with opts for the ones a
+// package knows to outlive its tests). Both are polled
 // until they hold or leakWait passes. It is for a TestMain that has more to
 // do than Main (flags before, a summary after).
 func Run(m *testing.M, opts ...goleak.Option) int {
@@ -62,9 +66,13 @@ func Run(m *testing.M, opts ...goleak.Option) int {
 	}
 }
 
-// check returns what is left behind: pages of tracked pools, goroutines.
+// check returns what is left behind: pages of tracked pools, testbed's
+// namespaces, goroutines.
 func check(opts []goleak.Option) error {
 	var msgs []string
+	if open := testbed.OpenNetns(); len(open) != 0 {
+		msgs = append(msgs, fmt.Sprintf("network namespaces still open: %s", strings.Join(open, " ")))
+	}
 	pools.mu.Lock()
 	for i, p := range pools.list {
 		if n := p.InUse(); n != 0 {

@@ -6,12 +6,12 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
-	"strings"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/ustack/ustack/driver"
+	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack/stacktest"
 )
 
@@ -149,10 +149,8 @@ func TestTAP(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("ip", "netns", "list").Output(); err != nil {
-		t.Fatal(err)
-	} else if strings.Contains(string(out), r.Netns) {
-		t.Errorf("namespace %s still listed after Close:\n%s", r.Netns, out)
+	if open := testbed.OpenNetns(); slices.Contains(open, r.Netns) {
+		t.Errorf("namespace %s still open after Close: %v", r.Netns, open)
 	}
 	if _, err := r.Stack.Dial("tcp", netip.AddrPortFrom(r.PeerAddr4.Addr(), 7).String()); err == nil {
 		t.Errorf("Dial on the closed rig's stack succeeded")

@@ -45,8 +45,9 @@ type TAPRig struct {
 	// Stack is the stack under test. Close (and the test's cleanup)
 	// closes it; close it earlier to test what follows a Close.
 	Stack *stack.Stack
-	// Netns is the peer namespace's name, as `ip netns exec NAME` and
-	// `ip -n NAME` take it.
+	// Netns labels the peer namespace in messages. The namespace is
+	// held by a descriptor and has no name in the kernel: run programs in
+	// it with Command, not `ip netns exec`.
 	Netns string
 	// Device is the TAP (or TUN) device's name inside Netns.
 	Device string

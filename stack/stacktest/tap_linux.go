@@ -119,7 +119,7 @@ func NewTAP(t testing.TB, cfg TAPConfig) *TAPRig {
 func (r *TAPRig) Do(fn func() error) error { return r.ns.Do(fn) }
 
 // Command returns a command that runs name with args in the peer namespace
-// (`ip netns exec NAME name args...`), such as a kernel client (iperf3,
+// (testbed.Netns.Exec), such as a kernel client (iperf3,
 // ping) or ss and nstat; ctx bounds its life as in exec.CommandContext. The
 // caller starts and waits for it.
 func (r *TAPRig) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
