@@ -34,6 +34,11 @@ type TAPConfig struct {
 	// multi_queue`): every descriptor attached to it (IFF_MULTI_QUEUE)
 	// is a queue.
 	MultiQueue bool
+	// TxQueueLen is the device's transmit queue length in frames (`ip
+	// link set txqueuelen`): how many frames the kernel queues for the
+	// reader of the TAP before it drops (tun_net_xmit); 0 keeps the
+	// default, 500.
+	TxQueueLen int
 }
 
 // TAPBed is a fresh namespace holding a persistent TAP device that is
@@ -119,6 +124,11 @@ func NewTAPBed(cfg TAPConfig) (*TAPBed, error) {
 		}
 		if err := h.LinkSetMTU(l, b.MTU); err != nil {
 			return fmt.Errorf("set mtu %d: %w", b.MTU, err)
+		}
+		if cfg.TxQueueLen > 0 {
+			if err := h.LinkSetTxQLen(l, cfg.TxQueueLen); err != nil {
+				return fmt.Errorf("set txqueuelen %d: %w", cfg.TxQueueLen, err)
+			}
 		}
 		for _, p := range []netip.Prefix{k4, k6} {
 			if err := h.AddrAdd(l, nlAddr(p)); err != nil {
