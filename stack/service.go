@@ -7,7 +7,7 @@ package stack
 // any peer and any application. Set Wire and Addrs (and Routes,
 // DNSServers) on what it returns. `ustack run` starts from it (-config
 // service, its default) and the first row of `ustack bench` measures it
-// beside the mlx5 row; docs/embedding.md has the measurements.
+// beside the mlx5 rows.
 //
 // What it changes from the zero value, and why:
 //   - Driver.LRO on: the TAP's GSO super-frames are handed up whole, as
@@ -22,15 +22,18 @@ package stack
 //     super-frames; a running poll loop sees every completion at once, so
 //     request/response is not held.
 //
-// What it leaves as shipped, and why:
-//   - Pool.Order 0: order-4 pages measured faster in bulk, but a frame
-//     then pins a 64 KB page while sockets charge what the frame used
-//     (TrainConn, zero copy), so an application that holds data pins up to
-//     16 times what the memory bounds count.
-//   - ZeroCopy off: lending pages to gVisor is slower than one copy for an
-//     application that reads with Read.
+// What it leaves as shipped, and why (docs/embedding.md has the figures):
+//   - Pool.Order 0: order-4 pages were faster in some bulk cells and
+//     slower in another, and a frame then pins a 64 KB page while sockets
+//     charge what the frame used (TrainConn, zero copy), so an
+//     application that holds data pins up to 16 times what the memory
+//     bounds count.
+//   - ZeroCopy off: lending pages to gVisor is no faster than one copy
+//     for an application that reads with Read.
 //   - Driver.BusyPoll 0: a spinning core is a cost any peer can trigger;
 //     Linux leaves busy polling off too.
+//   - DelayedACK 0: Linux delays ACKs by default, but here it measured no
+//     gain in request/response.
 func ServiceConfig() Config {
 	var c Config
 	c.Driver.LRO = true
