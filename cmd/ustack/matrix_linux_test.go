@@ -139,13 +139,17 @@ func TestBenchRR(t *testing.T) {
 			continue
 		}
 		rows++
-		// name, ktrans/s, (min-max), p50, p99, (min-max), CPU, ratio
+		// name, ktrans/s, (min-max), p50, p99, (min-max), CPU, G wake, thread sleep, ratio
 		n := len(f)
-		tps, err1 := strconv.ParseFloat(f[n-7], 64)
-		p50, err2 := strconv.ParseFloat(f[n-5], 64)
-		p99, err3 := strconv.ParseFloat(f[n-4], 64)
+		tps, err1 := strconv.ParseFloat(f[n-9], 64)
+		p50, err2 := strconv.ParseFloat(f[n-7], 64)
+		p99, err3 := strconv.ParseFloat(f[n-6], 64)
 		if err1 != nil || err2 != nil || err3 != nil || tps <= 0 || p50 <= 0 || p99 < p50 {
 			t.Errorf("row %q: want transactions and p50 <= p99", l)
+		}
+		// Each exchange wakes at least the echo's goroutine.
+		if gw, err := strconv.ParseFloat(f[n-3], 64); err != nil || gw < 1 {
+			t.Errorf("row %q: goroutine wake-ups per transaction %q, want at least 1", l, f[n-3])
 		}
 	}
 	if rows != 5 {

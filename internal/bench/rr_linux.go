@@ -8,9 +8,12 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime/metrics"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ustack/ustack/internal/testbed"
 	"github.com/ustack/ustack/stack/serve"
@@ -28,9 +31,12 @@ const rrPort = 7007
 // rrSample is one RR run: transactions per second, the client's latency
 // percentiles, and this process's CPU per transaction (ustack's whole
 // stack for a ustack row; for the kernel row only the echo goroutine's
-// syscalls, the kernel's receive being counted in softirq time).
+// syscalls, the kernel's receive being counted in softirq time), with its
+// hand-offs per transaction: goroutine wake-ups (gWake) and thread sleeps
+// (thSleep), see handoffs.
 type rrSample struct {
 	tps, p50, p99, cpuUs float64
+	gWake, thSleep       float64
 }
 
 // RR is `ustack bench -rr`: TCP request/response of size bytes on one
@@ -121,17 +127,19 @@ func printRR(w io.Writer, names []string, samples [][]rrSample) error {
 	}
 	ktps, _, _ := Median(col(samples[len(samples)-1], func(s rrSample) float64 { return s.tps }))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tktrans/s (min-max)\tp50 us\tp99 us (min-max)\tCPU us/trans\tx kernel\t")
+	fmt.Fprintln(tw, "row\tktrans/s (min-max)\tp50 us\tp99 us (min-max)\tCPU us/trans\t~G wake/trans\tthread sleep/trans\tx kernel\t")
 	for i, name := range names {
 		tps, tlo, thi := Median(col(samples[i], func(s rrSample) float64 { return s.tps }))
 		p50, _, _ := Median(col(samples[i], func(s rrSample) float64 { return s.p50 }))
 		p99, plo, phi := Median(col(samples[i], func(s rrSample) float64 { return s.p99 }))
 		cpu, _, _ := Median(col(samples[i], func(s rrSample) float64 { return s.cpuUs }))
+		gw, _, _ := Median(col(samples[i], func(s rrSample) float64 { return s.gWake }))
+		ts, _, _ := Median(col(samples[i], func(s rrSample) float64 { return s.thSleep }))
 		ratio := "-"
 		if ktps > 0 {
 			ratio = fmt.Sprintf("%.2f", tps/ktps)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.0f\t%.0f (%.0f-%.0f)\t%.1f\t%s\t\n", name, tps/1e3, tlo/1e3, thi/1e3, p50, p99, plo, phi, cpu, ratio)
+		fmt.Fprintf(tw, "%s\t%.2f (%.2f-%.2f)\t%.0f\t%.0f (%.0f-%.0f)\t%.1f\t%.1f\t%.1f\t%s\t\n", name, tps/1e3, tlo/1e3, thi/1e3, p50, p99, plo, phi, cpu, gw, ts, ratio)
 	}
 	return tw.Flush()
 }
@@ -176,11 +184,11 @@ func rrClient(ns *testbed.Netns, exe string, ap netip.AddrPort, size int, dur ti
 	cmd := ns.Exec(ctx, exe, "send", "-mode", "rr", "-size", fmt.Sprint(size), "-addr", ap.String(), "-t", dur.String())
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	cpu0 := rusage()
+	cpu0, h0 := rusage(), handoffs()
 	if err := cmd.Run(); err != nil {
 		return rrSample{}, fmt.Errorf("client: %v: %s", err, strings.TrimSpace(errb.String()))
 	}
-	cpu := rusage() - cpu0
+	cpu, h := rusage()-cpu0, handoffs().sub(h0)
 	var res SendResult
 	if err := json.Unmarshal(lastLine(out.Bytes()), &res); err != nil {
 		return rrSample{}, fmt.Errorf("client output %q: %v", out.String(), err)
@@ -188,6 +196,42 @@ func rrClient(ns *testbed.Netns, exe string, ap netip.AddrPort, size int, dur ti
 	if res.Transactions == 0 || res.Seconds <= 0 {
 		return rrSample{}, fmt.Errorf("client made no transaction: %q", out.String())
 	}
-	return rrSample{tps: float64(res.Transactions) / res.Seconds, p50: res.P50Us, p99: res.P99Us,
-		cpuUs: float64(cpu.Microseconds()) / float64(res.Transactions)}, nil
+	t := float64(res.Transactions)
+	return rrSample{tps: t / res.Seconds, p50: res.P50Us, p99: res.P99Us,
+		cpuUs: float64(cpu.Microseconds()) / t, gWake: float64(h.gWake) / t, thSleep: float64(h.thSleep) / t}, nil
+}
+
+// handoffCount counts this process's hand-offs, the steps of an exchange
+// that wait for another goroutine or thread to run: gWake, goroutines
+// made runnable and then run (every channel send, waiter notification or
+// timer that wakes one), estimated from runtime/metrics'
+// /sched/latencies:seconds, whose samples the runtime takes on one
+// transition in gTrackingPeriod (8) of each goroutine, so its count times
+// 8; thSleep, voluntary context switches of its threads (getrusage's
+// ru_nvcsw: a thread that blocked in the kernel, in futex or a blocking
+// read, and had to be woken), exact.
+type handoffCount struct{ gWake, thSleep uint64 }
+
+// schedSamplePeriod is the Go runtime's gTrackingPeriod: it records a
+// goroutine's scheduling latency on one of this many transitions.
+const schedSamplePeriod = 8
+
+func handoffs() handoffCount {
+	m := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(m)
+	var h handoffCount
+	if m[0].Value.Kind() == metrics.KindFloat64Histogram {
+		for _, c := range m[0].Value.Float64Histogram().Counts {
+			h.gWake += c * schedSamplePeriod
+		}
+	}
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+		h.thSleep = uint64(ru.Nvcsw)
+	}
+	return h
+}
+
+func (h handoffCount) sub(o handoffCount) handoffCount {
+	return handoffCount{h.gWake - o.gWake, h.thSleep - o.thSleep}
 }
