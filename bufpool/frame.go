@@ -25,6 +25,13 @@ type Frame struct {
 	// tell a frame whose checksum a sender left to offload (a TAP's
 	// NEEDS_CSUM, which no wire carries) from one it must verify again.
 	CsumVerified bool
+	// RxMeta is what the driver found in a Head frame's headers (the
+	// CQE's): Build gives the header offsets to the packet it makes, but
+	// not the RSS hash, which an xdp_frame does not carry (a packet built
+	// on a cpumap worker has none, so its GRO uses bucket 0, as
+	// dev_gro_receive with skb->hash 0). A Pkt frame's packet keeps its
+	// offsets and loses its hash the same way.
+	RxMeta
 }
 
 // Data returns the frame's first bytes from its Ethernet header: the whole
@@ -51,17 +58,20 @@ func (f Frame) Release() {
 // Build turns a Head frame into a packet over its stride, in p (empty, from
 // NewPacket or NewPackets), as __xdp_build_skb_from_frame builds an skb
 // around an xdp_frame's buffer: the linear part is the frame (a head frag
-// holding Head's page reference), the checksum status is the frame's, and
-// the headers are not parsed yet (HdrLen 0). A frame that carries a packet
+// holding Head's page reference), the checksum status and the header
+// offsets are the frame's, the RSS hash none, and HdrLen is 0 (the worker finds it). A frame that carries a packet
 // returns that packet and leaves p alone. The frame's reference moves to
 // the packet returned.
 func (f Frame) Build(p *Packet) *Packet {
 	if f.Pkt != nil {
+		f.Pkt.Hash, f.Pkt.HashType = 0, HashNone
 		return f.Pkt
 	}
 	p.SetHead(f.Head)
 	p.Len = int(f.Head.Len)
 	p.CsumVerified = f.CsumVerified
+	p.RxMeta = f.RxMeta
+	p.Hash, p.HashType = 0, HashNone // __xdp_build_skb_from_frame sets no hash
 	return p
 }
 

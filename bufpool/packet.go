@@ -39,6 +39,10 @@ type Packet struct {
 	// linear part (the driver pulls what a short copy missed, PullTail).
 	HdrLen int
 
+	// RxMeta is what the NIC model found in the frame's headers beside
+	// its bytes: where they are, and its RSS hash.
+	RxMeta
+
 	// CsumVerified reports that every checksum of the frame was verified,
 	// or vouched for by the wire (virtio-net NEEDS_CSUM or DATA_VALID).
 	CsumVerified bool
@@ -55,6 +59,51 @@ type Packet struct {
 	linear [MaxLinear]byte
 	frags  [MaxFrags]Frag
 }
+
+// RxMeta is what a driver hands up with a received frame beside its
+// bytes, from what its NIC parsed, so that later stages read it instead of
+// parsing the headers again: the header offsets (the kernel's
+// skb->network_header and skb->transport_header) and the RSS hash
+// (skb->hash, skb->l4_hash). The zero value is "unknown": a packet built
+// without the NIC's parse (a test's, a software path's) has it.
+type RxMeta struct {
+	// NetworkHeader and TransportHeader are the offsets in the frame of
+	// its IP header and of what follows the IP header and the extension
+	// headers the NIC walked (the TCP or UDP header; a fragment's
+	// payload), valid only when HeadersSet: a frame the driver parsed as
+	// IPv4 or IPv6. The bytes there may lie in the frags when the linear
+	// part is short (Packet.HdrLen): readers check len(Linear) first.
+	// A stage that moves the headers (none does: GRO rewrites lengths in
+	// place, the driver decapsulates a tunnel frame before it sets them)
+	// must update them.
+	NetworkHeader   uint16
+	TransportHeader uint16
+	HeadersSet      bool
+
+	// Hash is the NIC's RSS hash of the frame (mlx5e_skb_set_hash takes
+	// it from the CQE): the Toeplitz hash of the IP addresses, and of the
+	// TCP or UDP ports when HashType is HashL4. Meaningful only when
+	// HashType is not HashNone.
+	Hash     uint32
+	HashType HashType
+}
+
+// HashType says what a packet's Hash covers, as the kernel's
+// PKT_HASH_TYPE_* given to skb_set_hash.
+type HashType uint8
+
+// Hash types.
+const (
+	// HashNone: no hash (skb->hash 0): nobody hashed the packet.
+	HashNone HashType = iota
+	// HashL3: the IP addresses only (PKT_HASH_TYPE_L3): an IP fragment,
+	// which RSS hashes without ports, or a protocol other than TCP and
+	// UDP.
+	HashL3
+	// HashL4: the addresses and the TCP or UDP ports (PKT_HASH_TYPE_L4,
+	// skb->l4_hash).
+	HashL4
+)
 
 var packetCache = sync.Pool{New: func() any {
 	p := new(Packet)
@@ -162,6 +211,7 @@ func (p *Packet) Release() {
 		p.Linear = p.linear[:0]
 		p.Frags = p.frags[:0]
 		p.Len, p.HdrLen, p.CsumVerified, p.GSOSize, p.Segs, p.Next = 0, 0, false, 0, 1, nil
+		p.RxMeta = RxMeta{}
 		packetCache.Put(p)
 		p = next
 	}

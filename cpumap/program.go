@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/ustack/ustack/internal/rss"
 )
 
 // Action is a Program's verdict on a frame, as an XDP program's return code.
@@ -193,13 +195,13 @@ func (x xskPortProgram) String() string { return "xsk:" + strconv.Itoa(int(x.por
 // hashProgram spreads flows over entries as RSS spreads them over queues.
 type hashProgram struct {
 	n     int
-	l3    bool // frames start at the IP header
-	t     *toeplitz
+	l3    bool       // frames start at the IP header
+	t     *rss.Table // rss.Default: RSS's Toeplitz hash with its example key
 	indir [indirSize]uint8
 }
 
 func newHashProgram(n int) *hashProgram {
-	h := &hashProgram{n: n, t: rssTable()}
+	h := &hashProgram{n: n, t: rss.Default()}
 	for i := range h.indir {
 		h.indir[i] = uint8(i % n)
 	}
@@ -219,7 +221,14 @@ func (h *hashProgram) Run(b []byte) (Action, int) {
 // hash returns the flow hash of the IP frame b, parsed into f. Only the
 // addresses are hashed for a fragment (the ports are in the first one
 // only), and the addresses and protocol when the transport header is not in
-// b or is neither TCP nor UDP.
+// b or is neither TCP nor UDP. The Toeplitz input, after RSS's:
+//
+//	IPv4: src(4) dst(4) sport(2) dport(2) proto(1)       13 bytes
+//	IPv6: src(16) dst(16) sport(2) dport(2) proto(1)     37 bytes
+//
+// The protocol byte, which RSS does not hash, comes last so that the hash is
+// RSS's 4-tuple hash (rss.Table.Hash, the NIC's) XORed with a constant per
+// protocol.
 func (h *hashProgram) hash(b []byte, f *flow) uint32 {
 	var v uint32
 	alen, pos := 4, 0 // address length; input position of the ports
@@ -230,13 +239,13 @@ func (h *hashProgram) hash(b []byte, f *flow) uint32 {
 	if len(b) < src+2*alen { // parseFlow checked; keep the compiler's view simple
 		return 0
 	}
-	v = h.t.bytes(0, b[src:src+2*alen])
+	v = h.t.Bytes(0, b[src:src+2*alen])
 	pos = 2 * alen
 	if f.frag || f.l4 < 0 {
 		return v
 	}
 	if f.ports(b) {
-		v ^= h.t.bytes(pos, b[f.l4:f.l4+4])
+		v ^= h.t.Bytes(pos, b[f.l4:f.l4+4])
 	}
-	return v ^ h.t[pos+4][f.proto]
+	return v ^ h.t.Byte(pos+4, f.proto)
 }

@@ -60,6 +60,7 @@ func (n *nicState) placeCyclic(a, b []byte, m rxMeta) bool {
 	cqe.WQE = n.wqeSeq
 	cqe.Stride = 0
 	cqe.Info = *m.info
+	setRSS(cqe, a[m.outerLen:])
 	cqe.Csum = m.csum
 	cqe.GSOSize = m.gsoSize
 	cqe.OuterLen = uint16(m.outerLen)

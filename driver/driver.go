@@ -126,6 +126,10 @@ type Driver struct {
 	pollSleeping atomic.Bool
 	nicWaiting   atomic.Bool
 
+	// napi says who may process the ring: the poll loop or a busy reader
+	// (busyread.go), one at a time, as NAPI_STATE_SCHED.
+	napi napiOwner
+
 	nic nicState // owned by the NIC goroutine
 
 	// Hardware GRO (SHAMPO): the header buffer, one entry per CQE, written

@@ -529,6 +529,7 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 	cqe.WQE = n.wqeSeq
 	cqe.Stride = uint32(n.off / strideSize)
 	cqe.Info = *m.info
+	setRSS(cqe, a[m.outerLen:])
 	cqe.Csum = m.csum
 	cqe.GSOSize = m.gsoSize
 	cqe.OuterLen = uint16(m.outerLen)

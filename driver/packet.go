@@ -40,6 +40,11 @@ type CQE struct {
 	// header and the inner IP packet; 0 otherwise. ByteCount counts it;
 	// Info describes the frame without it, as the driver hands it up.
 	OuterLen uint16
+	// RSSHash and RSSType are the NIC's RSS hash of the frame (mlx5's
+	// rss_hash_result and rss_hash_type: rssHash), which the driver hands
+	// up as the packet's Hash.
+	RSSHash uint32
+	RSSType bufpool.HashType
 	// Hardware GRO (SHAMPO): the frame's headers are in header buffer
 	// entry HeaderIndex (HeaderSize bytes) and its payload at DataOffset of
 	// the session's reservation (Frags); Match says it continues the

@@ -17,6 +17,10 @@ import (
 // about a third more transactions per second unlocked). Its CPU time
 // (poll_cpu_ns) is then summed per run between parks, on whichever
 // thread it ran: close, not exact, if the runtime moves it mid-run.
+//
+// It holds the ring (napiOwner) while it runs and gives it up only while
+// it sleeps, when a busy reader may process it (busyread.go); a reader's
+// batches are not in its counts of CPU time.
 func (d *Driver) pollLoop() {
 	defer close(d.pollDone)
 	cpu := CurrentCPU()
@@ -30,6 +34,7 @@ func (d *Driver) pollLoop() {
 	var cpuNanos int64     // summed over the runs between parks
 	run := ThreadCPUTime() // this run's start on its thread
 	usedCPU := func() int64 { return cpuNanos + max(0, ThreadCPUTime()-run) }
+	d.napi.state.Store(napiLoop) // from napiOff: nobody else takes it before this
 	cons := d.cons.Load()
 	polls := 0
 	// The handler's flush timer: armed when a Flush asks to be called
@@ -65,28 +70,15 @@ func (d *Driver) pollLoop() {
 			}
 			cpuNanos = usedCPU()
 			d.stats.PollCPUNanos.Store(cpuNanos)
-			var tc <-chan time.Time
-			if again > 0 {
-				timer.Reset(again)
-				tc = timer.C
+			// Sleep until the NIC raises an interrupt (napiSleep
+			// re-checks the ring after announcing it, so that no
+			// completion is missed), giving the ring to busy readers
+			// meanwhile; take it back with what they left.
+			var ok bool
+			if cons, more, again, ok = d.napiSleep(timer, again); !ok {
+				return
 			}
-			// Sleep until the NIC raises an interrupt. Re-check after
-			// announcing it so that no completion is missed.
-			d.pollSleeping.Store(true)
-			if d.prod.Load() == cons {
-				select {
-				case <-d.irq:
-				case <-tc:
-					again = d.handler.Flush(false)
-				case <-d.stop:
-					d.pollSleeping.Store(false)
-					d.drain(cons)
-					return
-				}
-			}
-			d.pollSleeping.Store(false)
 			rrtrace.Mark(rrtrace.PollWoke)
-			timer.Stop()
 			run = ThreadCPUTime()
 			continue
 		}
@@ -164,7 +156,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 			linearOnly++
 			f := d.takeLinear(cqe)
 			bytes += uint64(f.Len)
-			if d.xdp != nil && d.xdp.XDP(bufpool.Frame{Head: f, CsumVerified: cqe.Csum != CsumNone}) {
+			if d.xdp != nil && d.xdp.XDP(bufpool.Frame{Head: f, CsumVerified: cqe.Csum != CsumNone, RxMeta: cqeMeta(cqe)}) {
 				continue // consumed before any packet was built
 			}
 			pkt = d.buildLinear(cqe, f)
@@ -282,6 +274,7 @@ func (d *Driver) build(cqe *CQE) (*Packet, int) {
 	pkt.GSOSize = cqe.GSOSize
 	pkt.Len = int(cqe.ByteCount)
 	pkt.HdrLen = cqe.Info.HeaderLen()
+	pkt.RxMeta = cqeMeta(cqe)
 	want := d.headerCopyLen(cqe)
 	// The frame's bytes in order: copy1 to the linear part, skip (the
 	// outer header), copy2 to the linear part, the rest as frags.
@@ -372,6 +365,7 @@ func (d *Driver) buildLinear(cqe *CQE, f bufpool.Frag) *Packet {
 	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize
 	pkt.HdrLen = cqe.Info.HeaderLen()
+	pkt.RxMeta = cqeMeta(cqe)
 	pkt.SetHead(f)
 	pkt.Len = len(pkt.Linear)
 	return pkt

@@ -183,6 +183,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo, csum CsumStat
 	d.shampo.hdrBytes.Add(uint64(len(hdr)))
 	cqe.ByteCount = uint32(len(hdr) + len(payload))
 	cqe.Info = *fi
+	setRSS(cqe, hdr)
 	cqe.Csum = csum
 	cqe.GSOSize = 0
 	cqe.HWGRO = true
@@ -349,6 +350,7 @@ func (d *Driver) shampoAdd(cqe *CQE) (done, flushed *bufpool.Packet) {
 		p.CsumVerified = cqe.Csum != CsumNone
 		p.GSOSize = uint16(int(cqe.ByteCount) - len(h))
 		p.Segs = 0
+		p.RxMeta = cqeMeta(cqe) // the first frame's, as the session's headers
 		b.pkt, b.flags, b.last = p, 0, nil
 		b.l3 = cqe.Info.L2Len
 		b.l4 = cqe.Info.L2Len + cqe.Info.L3Len

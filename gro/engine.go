@@ -142,7 +142,7 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		e.pass(p)
 		return
 	case passFlow:
-		b := &e.buckets[s.key.bucket()]
+		b := &e.buckets[bucketOf(p, &s.key)]
 		if i := b.find(&s.key); i >= 0 {
 			e.flush(b, i, flushMismatch)
 		}
@@ -152,7 +152,7 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 	if s.csum == csumGood {
 		e.stats.CsumSoftware.Add(1)
 	}
-	b := &e.buckets[s.key.bucket()]
+	b := &e.buckets[bucketOf(p, &s.key)]
 	if i := b.find(&s.key); i >= 0 {
 		ent := &b.ents[i]
 		var merged, done bool
@@ -180,6 +180,21 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		return
 	}
 	e.hold(b, p, &s, now)
+}
+
+// bucketOf returns the hash bucket of p, whose flow key is k: the low bits
+// of the NIC's RSS hash when p has one, as dev_gro_receive's
+// gro_list_prepare picks napi->gro_hash[skb_get_hash_raw(skb) &
+// (GRO_HASH_BUCKETS - 1)], else k's own (flowKey.bucket). The RSS hash is
+// a function of the addresses and ports, which a flow's key holds, so every
+// packet of a flow lands in one bucket as long as the flow's packets all
+// have a hash or all have none (a NIC hashes every TCP and UDP packet that
+// is not a fragment, and GRO merges no fragment).
+func bucketOf(p *bufpool.Packet, k *flowKey) int {
+	if p.HashType != bufpool.HashNone {
+		return int(p.Hash & (numBuckets - 1))
+	}
+	return k.bucket()
 }
 
 // EndBatch ends a poll batch: with FlushTimeout 0 it hands up everything

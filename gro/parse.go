@@ -149,6 +149,24 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 		}
 		return passOther
 	}
+	if p.HeadersSet {
+		// The driver parsed the frame (skb->network_header): GRO starts
+		// at the IP header, as dev_gro_receive starts at
+		// skb_gro_offset without parsing the Ethernet header again. The
+		// IP version says which, and parse4 or parse6 checks it.
+		if int(p.NetworkHeader) != s.l2 || len(b) <= s.l2 {
+			// A link header of another length (a VLAN tag) is not
+			// Ethernet's: not for GRO, as below.
+			return passOther
+		}
+		switch b[s.l2] >> 4 {
+		case header.IPv4Version:
+			return parse4(p, b, s)
+		case header.IPv6Version:
+			return parse6(p, b, s)
+		}
+		return passOther
+	}
 	// No VLAN tag: the driver drops VLAN-tagged frames.
 	if len(b) < header.EthernetMinimumSize {
 		return passOther

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -17,6 +18,7 @@ import (
 // (net.ErrClosed, errDeadline, or the errno as syscallErr makes it); each
 // socket type wraps it in the *net.OpError of its own addresses.
 type dgramSock struct {
+	s     *Stack // for Config.BusyRead
 	ep    tcpip.Endpoint
 	wq    *waiter.Queue
 	net   string                      // Go's network name: "udp4", "ping6", ...
@@ -39,10 +41,10 @@ type dgramSock struct {
 	to tcpip.FullAddress // the destination of the send under way
 }
 
-// init sets d up on ep, bound or connected, as a socket of network on
-// proto.
-func (d *dgramSock) init(network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) {
-	d.ep, d.wq, d.net, d.proto = ep, wq, network, proto
+// init sets d up on ep, bound or connected, as a socket of s's of network
+// on proto.
+func (d *dgramSock) init(s *Stack, network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) {
+	d.s, d.ep, d.wq, d.net, d.proto = s, ep, wq, network, proto
 	d.sockState = newSockState()
 }
 
@@ -70,6 +72,18 @@ func (d *dgramSock) recvLocked(call string) (int, tcpip.FullAddress, error) {
 	}
 	opts := tcpip.ReadOptions{NeedRemoteAddr: true}
 	res, e := d.ep.Read(&d.rw, opts)
+	if _, ok := e.(*tcpip.ErrWouldBlock); ok && d.s != nil && d.s.cfg.BusyRead > 0 {
+		// Spin before parking, as __skb_recv_udp calls sk_busy_loop
+		// (busyread.go).
+		sp := d.s.busySpin()
+		hit := false
+		for !hit && sp.next(d.done, &d.rd, time.Time{}) {
+			res, e = d.ep.Read(&d.rw, opts)
+			_, wb := e.(*tcpip.ErrWouldBlock)
+			hit = !wb
+		}
+		sp.end(hit && e == nil)
+	}
 	if _, ok := e.(*tcpip.ErrWouldBlock); ok {
 		ready := d.rn.register(d.wq, readEvents)
 		defer d.rn.unregister(d.wq)

@@ -222,17 +222,20 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	if e.dropBadCsum(pkt) {
 		return
 	}
-	if e.trains.deliver(pkt) {
+	var udp rxUDP // the UDP headers, found once for stages 4 and 7
+	if e.trains.deliverUDP(pkt, &udp) {
 		return
 	}
 	defer pkt.Release()
-	if ack, ok := e.zw.ackFirst(pkt.Linear, e.l2Len()); ok {
+	// The TCP headers and the flow's hash, found once for stages 5 and 6.
+	seg := rxTCPOf(pkt.Linear, e.l2Len())
+	if ack, ok := e.zw.ackFirstSeg(pkt.Linear, &seg); ok {
 		e.dispatch(ack)
 	}
-	if e.mem.hard.Load() && e.tcpMemRefuse(pkt.Linear) {
+	if e.mem.hard.Load() && e.tcpMemRefuseSeg(pkt.Linear, &seg) {
 		return // tcp_mem's hard limit (tcpmem_governor.go)
 	}
-	if l3, l4, ok := udpTrain(pkt, e.l2Len()); ok {
+	if l3, l4, ok := udpTrain(pkt, e.l2Len(), &udp); ok {
 		e.splitUDP(pkt, l3, l4)
 		return
 	}
@@ -246,6 +249,39 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 		e.pcap.WriteFrame(time.Now(), buf.Flatten())
 	}
 	e.dispatch(buf)
+}
+
+// rxTCP is a received TCP segment's headers as Deliver's stages read them
+// (tcpHeaders' results), found once per packet and handed to each stage,
+// as the kernel's TCP input reads the header tcp_v4_rcv pulled rather than
+// parsing it again: the offsets of the IP and TCP headers in the frame,
+// the TCP header's length, the sequence length, and ok false for anything
+// but an unfragmented TCP segment (tcpHeaders). hash caches the flow's
+// flowHash (local address first, as the stack's own tables key flows),
+// computed on first use; 0 until then (flowHash is never 0).
+type rxTCP struct {
+	ip, tcp, tcpLen, segLen int
+	ok                      bool
+	hash                    uint64
+}
+
+// rxTCPOf finds the TCP segment in frame b, its IP header at l2
+// (tcpHeaders).
+func rxTCPOf(b []byte, l2 int) rxTCP {
+	var s rxTCP
+	s.ip, s.tcp, s.tcpLen, s.segLen, s.ok = tcpHeaders(b, l2)
+	return s
+}
+
+// flow returns the flowHash of the segment found in b (s.ok must be set),
+// keyed from the receiver's side: local (the destination) first.
+func (s *rxTCP) flow(b []byte) uint64 {
+	if s.hash == 0 {
+		t := header.TCP(b[s.tcp:])
+		src, dst := ipAddrs(b[s.ip:])
+		s.hash = flowHash(dst, src, t.DestinationPort(), t.SourcePort())
+	}
+	return s.hash
 }
 
 // lendToGVisor is toGVisor's zero-copy half: the payload goes to gVisor as

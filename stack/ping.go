@@ -267,7 +267,7 @@ func (s *Stack) dialPing(network string, laddr, raddr netip.Addr) (*PingConn, er
 		ep.Close()
 		return nil, opError("dial", network, la, ra, syscallErr("connect", e))
 	}
-	return newPingConn(network, wq, ep, proto), nil
+	return newPingConn(s, network, wq, ep, proto), nil
 }
 
 // listenPing is ListenPingAddr on network, for its errors.
@@ -291,7 +291,7 @@ func (s *Stack) listenPing(network string, laddr netip.Addr) (*PingConn, error) 
 		ep.Close()
 		return nil, opError("listen", network, nil, la, err)
 	}
-	return newPingConn(network, wq, ep, proto), nil
+	return newPingConn(s, network, wq, ep, proto), nil
 }
 
 // newPingEndpoint returns a new ICMP endpoint of proto and its queue.
@@ -337,9 +337,9 @@ func bindPing(ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber, a netip.Addr
 
 // newPingConn wraps ep, bound or connected, as a socket of network on
 // proto.
-func newPingConn(network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) *PingConn {
+func newPingConn(s *Stack, network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) *PingConn {
 	c := &PingConn{}
-	c.init(network, wq, ep, proto)
+	c.init(s, network, wq, ep, proto)
 	if a, e := ep.GetLocalAddress(); e == nil {
 		c.laddr = &net.IPAddr{IP: sockIP(a.Addr, proto)}
 		c.id = a.Port

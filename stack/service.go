@@ -30,8 +30,8 @@ package stack
 //     bounds count.
 //   - ZeroCopy off: lending pages to gVisor is no faster than one copy
 //     for an application that reads with Read.
-//   - Driver.BusyPoll 0: a spinning core is a cost any peer can trigger;
-//     Linux leaves busy polling off too.
+//   - Driver.BusyPoll and BusyRead 0: a spinning core is a cost any peer
+//     can trigger; Linux leaves busy polling off too.
 //   - DelayedACK 0: Linux delays ACKs by default, but here it measured no
 //     gain in request/response.
 func ServiceConfig() Config {

@@ -118,6 +118,15 @@ type Config struct {
 	// this long, so that the application's reply carries the ACK, as
 	// Linux's delayed ACK in pingpong mode (delack.go). 0: every ACK at once.
 	DelayedACK time.Duration
+	// BusyRead, if positive, has a read that finds its socket empty spin
+	// for up to this long before it parks, processing the receive rings
+	// itself while their poll loops sleep, as net.core.busy_read and
+	// SO_BUSY_POLL do (busyread.go); at most driver.MaxBusyPoll. Applies to
+	// TCPConn's Read and ReadViews, UDPConn's and PingConn's reads and
+	// TrainConn's ReadTrain and TakeTrain. 0 (the default, as Linux's):
+	// park at once; a spinning reader holds a core for as long as a peer
+	// keeps it waiting.
+	BusyRead time.Duration
 	// NoGRO turns the GRO engine off (on by default, as `ethtool -K gro`).
 	NoGRO bool
 	// GROFlushTimeout is gro_flush_timeout: 0 flushes GRO at the end of
@@ -191,6 +200,7 @@ type Stack struct {
 	close  sync.Once
 	shut   shutdownState // Close's and Shutdown's (shutdown.go)
 	views  viewTotals
+	busy   busyReadStats
 	// mem bounds the TCP receive memory (nil: no bound).
 	mem *tcpMemGovernor
 	// dnsTimeout is the resolver's time per server and query (0:
@@ -217,6 +227,9 @@ func New(cfg Config) (s *Stack, err error) {
 		return nil, err
 	}
 	if err := checkNetConfig(&cfg); err != nil {
+		return nil, err
+	}
+	if err := checkBusyRead(&cfg); err != nil {
 		return nil, err
 	}
 	memLimit, memPressure, memOn, err := tcpMemLimits(&cfg)
@@ -374,6 +387,9 @@ func New(cfg Config) (s *Stack, err error) {
 // cfg.Wire and cfg.Driver are ignored.
 func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
 	if err := checkNetConfig(&cfg); err != nil {
+		return nil, err
+	}
+	if err := checkBusyRead(&cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Tunnel != nil {
@@ -677,7 +693,7 @@ func (s *Stack) listenUDP(network string, addr netip.AddrPort, size int64, v6onl
 		ep.Close()
 		return nil, listenError(network, la, "bind", e)
 	}
-	return newUDPConn(network, &wq, ep, proto), nil
+	return newUDPConn(s, network, &wq, ep, proto), nil
 }
 
 // Close resets every TCP connection (RST, as the kernel resets a socket
@@ -761,6 +777,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 			s.ep.lend.each(fn)
 		}
 		s.views.each(fn)
+		s.busy.each(fn)
 		s.ep.zw.each(fn)
 		if s.ep.delack != nil {
 			s.ep.delack.each(fn)

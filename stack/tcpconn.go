@@ -130,6 +130,9 @@ func (c *TCPConn) read(w io.Writer) (tcpip.ReadResult, error) {
 		return tcpip.ReadResult{}, c.opError("read", errDeadline)
 	}
 	res, e := c.ep.Read(w, tcpip.ReadOptions{})
+	if _, ok := e.(*tcpip.ErrWouldBlock); ok && c.s.cfg.BusyRead > 0 {
+		res, e = c.busyRead(w)
+	}
 	if _, ok := e.(*tcpip.ErrWouldBlock); ok {
 		ready := c.rn.register(c.wq, readEvents)
 		defer c.rn.unregister(c.wq)
@@ -151,6 +154,26 @@ func (c *TCPConn) read(w io.Writer) (tcpip.ReadResult, error) {
 		return res, c.readErr(e)
 	}
 	return res, nil
+}
+
+// busyRead spins on the endpoint for up to Config.BusyRead before read
+// parks (busyread.go), as tcp_recvmsg calls sk_busy_loop with its receive
+// queue empty; it returns the first read that would not block, or
+// ErrWouldBlock when the spin ends without one (its time or the read
+// deadline passed, or Close), and the wait that follows says which.
+//
+// +checklocks:c.readMu
+func (c *TCPConn) busyRead(w io.Writer) (tcpip.ReadResult, tcpip.Error) {
+	sp := c.s.busySpin()
+	for sp.next(c.done, &c.rd, time.Time{}) {
+		res, e := c.ep.Read(w, tcpip.ReadOptions{})
+		if _, ok := e.(*tcpip.ErrWouldBlock); !ok {
+			sp.end(e == nil)
+			return res, e
+		}
+	}
+	sp.end(false)
+	return tcpip.ReadResult{}, &tcpip.ErrWouldBlock{}
 }
 
 // readErr returns a failed read's error: net.ErrClosed after Close,

@@ -262,12 +262,19 @@ func (g *tcpMemGovernor) each(fn func(string, uint64)) {
 // segment's ACK alone at its sequence number (Linux's tcp_ack still runs
 // for a segment tcp_data_queue drops). Pure ACKs, SYN, FIN and RST pass.
 func (e *linkEndpoint) tcpMemRefuse(b []byte) bool {
+	s := rxTCPOf(b, e.l2Len())
+	return e.tcpMemRefuseSeg(b, &s)
+}
+
+// tcpMemRefuseSeg is tcpMemRefuse for the segment s found in b (rxTCPOf),
+// which Deliver finds once for its stages.
+func (e *linkEndpoint) tcpMemRefuseSeg(b []byte, s *rxTCP) bool {
 	over := e.mem.over.Load()
 	if over == nil || len(*over) == 0 {
 		return false
 	}
-	ip, tcpOff, tcpLen, segLen, ok := tcpHeaders(b, e.l2Len())
-	if !ok || segLen == 0 {
+	ip, tcpOff, tcpLen := s.ip, s.tcp, s.tcpLen
+	if !s.ok || s.segLen == 0 {
 		return false
 	}
 	t := header.TCP(b[tcpOff:])
@@ -275,8 +282,7 @@ func (e *linkEndpoint) tcpMemRefuse(b []byte) bool {
 	if f.Intersects(header.TCPFlagSyn | header.TCPFlagFin | header.TCPFlagRst) {
 		return false
 	}
-	src, dst := ipAddrs(b[ip:])
-	if _, found := slices.BinarySearch(*over, flowHash(dst, src, t.DestinationPort(), t.SourcePort())); !found {
+	if _, found := slices.BinarySearch(*over, s.flow(b)); !found {
 		return false
 	}
 	e.mem.drops.Add(1)

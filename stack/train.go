@@ -111,6 +111,7 @@ func (c *TrainConn) ReadTrain(b []byte, deadline time.Time) (n, segSize int, fro
 		return 0, 0, netip.AddrPort{}, err
 	}
 	defer c.unlockRead()
+	c.busyWait(deadline)
 	if err := c.next(deadline, true); err != nil {
 		return 0, 0, netip.AddrPort{}, err
 	}
@@ -231,11 +232,18 @@ func (t *trainTable) remove(c *TrainConn) {
 // (udpPayloadLen), or a train of more than driver.UDPMaxSegments
 // datagrams, is dropped and counted instead.
 func (t *trainTable) deliver(p *bufpool.Packet) bool {
+	var u rxUDP
+	return t.deliverUDP(p, &u)
+}
+
+// deliverUDP is deliver with the UDP headers found once for Deliver's
+// stages (u, rxUDP: found here if nobody did yet).
+func (t *trainTable) deliverUDP(p *bufpool.Packet, u *rxUDP) bool {
 	mp := t.m.Load()
 	if mp == nil || len(*mp) == 0 {
 		return false
 	}
-	l3, l4, ok := udpHeaders(p, t.l2Len())
+	l3, l4, ok := u.headers(p, t.l2Len())
 	if !ok {
 		return false
 	}
@@ -293,6 +301,23 @@ func (t *trainTable) deliver(p *bufpool.Packet) bool {
 	default:
 	}
 	return true
+}
+
+// rxUDP is a received packet's UDP headers (udpHeaders' results), found
+// at most once per packet for Deliver's stages that read them (the train
+// sockets, the UDP split); the zero value has not looked yet.
+type rxUDP struct {
+	l3, l4     int
+	ok, looked bool
+}
+
+// headers returns udpHeaders(p, l2), found on the first call.
+func (u *rxUDP) headers(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
+	if !u.looked {
+		u.l3, u.l4, u.ok = udpHeaders(p, l2)
+		u.looked = true
+	}
+	return u.l3, u.l4, u.ok
 }
 
 // charge is what a train is charged in the queue: its truesize.

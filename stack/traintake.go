@@ -87,6 +87,7 @@ func (c *TrainConn) TakeTrain(t *Train, deadline time.Time) error {
 		return err
 	}
 	defer c.unlockRead()
+	c.busyWait(deadline)
 	if err := c.next(deadline, true); err != nil {
 		return err
 	}

@@ -33,9 +33,9 @@ type UDPConn struct {
 
 // newUDPConn wraps ep, bound or connected, as a socket of network on
 // proto.
-func newUDPConn(network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) *UDPConn {
+func newUDPConn(s *Stack, network string, wq *waiter.Queue, ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber) *UDPConn {
 	c := &UDPConn{}
-	c.init(network, wq, ep, proto)
+	c.init(s, network, wq, ep, proto)
 	if a, e := ep.GetLocalAddress(); e == nil {
 		c.laddr = udpAddr(a, proto)
 	}
@@ -71,7 +71,7 @@ func (s *Stack) dialUDPConn(network string, ap netip.AddrPort) (*UDPConn, error)
 		ep.Close()
 		return nil, opError("dial", network, nil, ra, syscallErr("connect", e))
 	}
-	return newUDPConn(network, wq, ep, proto), nil
+	return newUDPConn(s, network, wq, ep, proto), nil
 }
 
 // ReadFrom reads a datagram into b and returns its length (at most

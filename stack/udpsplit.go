@@ -12,12 +12,13 @@ import (
 )
 
 // udpTrain reports whether p is a UDP packet that aggregates several
-// datagrams (a UDP GRO train), and where its IP and UDP headers are.
-func udpTrain(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
+// datagrams (a UDP GRO train), and where its IP and UDP headers are (u's,
+// found if nobody did yet: rxUDP).
+func udpTrain(p *bufpool.Packet, l2 int, u *rxUDP) (l3, l4 int, ok bool) {
 	if p.Segs < 2 || p.GSOSize == 0 {
 		return 0, 0, false
 	}
-	return udpHeaders(p, l2)
+	return u.headers(p, l2)
 }
 
 // udpSegments returns the datagrams in p, a UDP packet of n payload bytes

@@ -150,16 +150,22 @@ func (z *zeroWindow) sent(nh, th []byte) {
 // would take it, and if so returns a pure ACK to deliver before it. It
 // allocates only then.
 func (z *zeroWindow) ackFirst(b []byte, l2 int) (buffer.Buffer, bool) {
-	ip, tcp, tcpLen, segLen, ok := tcpHeaders(b, l2)
-	if !ok {
+	s := rxTCPOf(b, l2)
+	return z.ackFirstSeg(b, &s)
+}
+
+// ackFirstSeg is ackFirst for the segment s found in b (rxTCPOf), which
+// Deliver finds once for its stages.
+func (z *zeroWindow) ackFirstSeg(b []byte, s *rxTCP) (buffer.Buffer, bool) {
+	if !s.ok {
 		return buffer.Buffer{}, false
 	}
+	tcp, tcpLen, segLen, ip := s.tcp, s.tcpLen, s.segLen, s.ip
 	t := header.TCP(b[tcp:])
 	if f := t.Flags(); !f.Contains(header.TCPFlagAck) || f.Intersects(header.TCPFlagSyn|header.TCPFlagRst) {
 		return buffer.Buffer{}, false
 	}
-	src, dst := ipAddrs(b[ip:])
-	key := flowHash(dst, src, t.DestinationPort(), t.SourcePort())
+	key := s.flow(b)
 	slot := &z.tab[key&(zwSlots-1)]
 	if slot.key.Load() != key {
 		return buffer.Buffer{}, false

@@ -105,13 +105,14 @@ func cpumapPaths(mtu int) []bench.Row {
 }
 
 // rrRows are `ustack bench -rr`'s ustack rows: the service configuration,
-// mlx5 as shipped, and the service configuration with delayed ACKs and
-// with busy polling (bench.RR adds the kernel's row).
+// mlx5 as shipped, and the service configuration with delayed ACKs, with
+// busy polling and with busy reads (bench.RR adds the kernel's row).
 func rrRows(mtu int) []bench.Row {
 	return []bench.Row{row("ustack service", servicePolicy(mtu)),
 		row("ustack mlx5", basePolicy(mtu)),
 		row("delayed-ack=1ms", servicePolicy(mtu, "delayed-ack=1ms")),
-		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs"))}
+		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs")),
+		row("busy-read=50µs", servicePolicy(mtu, "busy-read=50µs"))}
 }
 
 // row is a bench row measuring ustack with policy p.

@@ -41,6 +41,7 @@ var policyExamples = map[string][]string{
 	"rx-uso":            {"on", "off"},
 	"delayed-ack":       {"1ms", "0s"},
 	"busy-poll":         {"50µs", "0s"},
+	"busy-read":         {"50µs", "0s"},
 	"pool-poison":       {"true", "false"},
 	"pool-mem":          {"67108864"},
 	"pool-ring":         {"512"},
