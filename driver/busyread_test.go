@@ -141,13 +141,17 @@ func TestBusyReadIdle(t *testing.T) {
 type handBackHandler struct {
 	collector
 	inReader  atomic.Bool // set by the one reader goroutine around BusyReadPoll
+	d         *Driver     // its owner state says whose batch a Deliver is in
 	blockNext atomic.Bool
 	blocked   chan struct{}
 	gate      chan struct{}
 }
 
 func (h *handBackHandler) Deliver(p *Packet) {
-	if h.inReader.Load() && h.blockNext.CompareAndSwap(true, false) {
+	// inReader alone is not enough: the poll loop may deliver while the
+	// reader is in a BusyReadPoll that found the ring held. The owner
+	// state is napiReader only while the reader holds the ring.
+	if h.inReader.Load() && h.d.napi.state.Load() == napiReader && h.blockNext.CompareAndSwap(true, false) {
 		h.blocked <- struct{}{}
 		<-h.gate
 	}
@@ -164,6 +168,7 @@ func TestBusyReadHandBack(t *testing.T) {
 	wf := wireFrame(hdr, frame)
 	h := &handBackHandler{blocked: make(chan struct{}), gate: make(chan struct{})}
 	d, w := newTestDriver(t, Config{}, h)
+	h.d = d
 	st := d.Stats()
 	want := int64(0)
 	for try := 0; try < 50; try++ {
