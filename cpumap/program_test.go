@@ -93,58 +93,38 @@ func TestParseProgram(t *testing.T) {
 	}
 }
 
-// rssVector is one of the Microsoft RSS specification's verification
-// examples ("Verifying the RSS Hash Calculation"): the hash of the
-// addresses, and of the addresses and TCP ports.
-type rssVector struct {
-	src, dst     string
-	sport, dport uint16
-	addrs, tcp   uint32
-}
-
-var rssVectors = []rssVector{
-	{"66.9.149.187", "161.142.100.80", 2794, 1766, 0x323e8fc2, 0x51ccc178},
-	{"199.92.111.2", "65.69.140.83", 14230, 4739, 0xd718262a, 0xc626b0ea},
-	{"24.19.198.95", "12.22.207.184", 12898, 38024, 0xd2d0a5de, 0x5c2b394a},
-	{"38.27.205.30", "209.142.163.6", 48228, 2217, 0x82989176, 0xafc7327f},
-	{"153.39.163.191", "202.188.127.2", 44251, 1303, 0x5d1809c5, 0x10e828a2},
-	{"3ffe:2501:200:1fff::7", "3ffe:2501:200:3::1", 2794, 1766, 0x2cc18cd5, 0x40207d3d},
-	{"3ffe:501:8::260:97ff:fe40:efab", "ff02::1", 14230, 4739, 0x0f0c461c, 0xdde51bbf},
-	{"3ffe:1900:4545:3:200:f8ff:fe21:67cf", "fe80::200:f8ff:fe21:67cf", 44251, 38024, 0x4b61e985, 0x02d1feef},
-}
-
 // TestToeplitzRSSVectors pins the hash program's input layout to the RSS
 // specification's results (internal/rss pins the tables themselves).
 func TestToeplitzRSSVectors(t *testing.T) {
 	tab := rss.Default()
 	h := newHashProgram(4)
-	for _, v := range rssVectors {
-		t.Run(v.src, func(t *testing.T) {
-			src, dst := netip.MustParseAddr(v.src), netip.MustParseAddr(v.dst)
+	for _, v := range rss.SpecVectors {
+		t.Run(v.Src, func(t *testing.T) {
+			src, dst := netip.MustParseAddr(v.Src), netip.MustParseAddr(v.Dst)
 			in := append(src.AsSlice(), dst.AsSlice()...)
-			if got := tab.Bytes(0, in); got != v.addrs {
-				t.Errorf("addresses: got %#08x, want %#08x", got, v.addrs)
+			if got := tab.Bytes(0, in); got != v.Addrs {
+				t.Errorf("addresses: got %#08x, want %#08x", got, v.Addrs)
 			}
-			in = binary.BigEndian.AppendUint16(in, v.sport)
-			in = binary.BigEndian.AppendUint16(in, v.dport)
-			if got := tab.Bytes(0, in); got != v.tcp {
-				t.Errorf("addresses and ports: got %#08x, want %#08x", got, v.tcp)
+			in = binary.BigEndian.AppendUint16(in, v.SPort)
+			in = binary.BigEndian.AppendUint16(in, v.DPort)
+			if got := tab.Bytes(0, in); got != v.TCP {
+				t.Errorf("addresses and ports: got %#08x, want %#08x", got, v.TCP)
 			}
 
 			// The program's hash of a real frame: RSS's, XORed with
 			// the protocol's byte after the ports; addresses only
 			// for a fragment.
-			s := frameSpec{v6: src.Is6(), src: src, dst: dst, sport: v.sport, dport: v.dport}
-			if got, want := hashOf(t, h, s.frame()), v.tcp^tab.Byte(len(in), protoTCP); got != want {
+			s := frameSpec{v6: src.Is6(), src: src, dst: dst, sport: v.SPort, dport: v.DPort}
+			if got, want := hashOf(t, h, s.frame()), v.TCP^tab.Byte(len(in), protoTCP); got != want {
 				t.Errorf("TCP frame: got %#08x, want %#08x", got, want)
 			}
 			s.udp = true
-			if got, want := hashOf(t, h, s.frame()), v.tcp^tab.Byte(len(in), protoUDP); got != want {
+			if got, want := hashOf(t, h, s.frame()), v.TCP^tab.Byte(len(in), protoUDP); got != want {
 				t.Errorf("UDP frame: got %#08x, want %#08x", got, want)
 			}
 			s.frag = fragFirst
-			if got := hashOf(t, h, s.frame()); got != v.addrs {
-				t.Errorf("first fragment: got %#08x, want %#08x", got, v.addrs)
+			if got := hashOf(t, h, s.frame()); got != v.Addrs {
+				t.Errorf("first fragment: got %#08x, want %#08x", got, v.Addrs)
 			}
 		})
 	}

@@ -2,7 +2,6 @@ package stack_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -45,33 +44,7 @@ func busyPair(t *testing.T, spin time.Duration) (rx *stack.Stack, peer *stack.St
 	t.Helper()
 	rx, peer = stacktest.NewPair(t, stack.Config{Addrs: delackAddrs, BusyRead: spin},
 		stack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}})
-	ap := netip.MustParseAddrPort("192.0.2.2:7400")
-	l, err := peer.ListenTCP(ap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			close(acc)
-			return
-		}
-		acc <- c
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err = rx.DialTCP(ctx, ap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	p = <-acc
-	if p == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { p.Close() })
+	c, p = connectPair(t, rx, peer, netip.MustParseAddrPort("192.0.2.2:7400"))
 	return rx, peer, c, p
 }
 

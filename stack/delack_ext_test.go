@@ -22,8 +22,17 @@ func delackPair(t *testing.T, hold time.Duration) (rx, peer *stack.Stack, client
 	t.Helper()
 	rx, peer = stacktest.NewPair(t, stack.Config{Addrs: delackAddrs, DelayedACK: hold},
 		stack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}})
-	ap := netip.MustParseAddrPort("192.0.2.1:7300")
-	l, err := rx.ListenTCP(ap)
+	client, server = connectPair(t, peer, rx, netip.MustParseAddrPort("192.0.2.1:7300"))
+	client.SetDeadline(time.Now().Add(60 * time.Second))
+	server.SetDeadline(time.Now().Add(60 * time.Second))
+	return rx, peer, client, server
+}
+
+// connectPair connects dialer to a listener of lst's on ap and returns
+// both ends; cleanup closes them and the listener.
+func connectPair(t *testing.T, dialer, lst *stack.Stack, ap netip.AddrPort) (dialed, accepted net.Conn) {
+	t.Helper()
+	l, err := lst.ListenTCP(ap)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,19 +48,17 @@ func delackPair(t *testing.T, hold time.Duration) (rx, peer *stack.Stack, client
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client, err = peer.DialTCP(ctx, ap)
+	dialed, err = dialer.DialTCP(ctx, ap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { client.Close() })
-	server = <-acc
-	if server == nil {
+	t.Cleanup(func() { dialed.Close() })
+	accepted = <-acc
+	if accepted == nil {
 		t.Fatal("accept failed")
 	}
-	t.Cleanup(func() { server.Close() })
-	client.SetDeadline(time.Now().Add(60 * time.Second))
-	server.SetDeadline(time.Now().Add(60 * time.Second))
-	return rx, peer, client, server
+	t.Cleanup(func() { accepted.Close() })
+	return dialed, accepted
 }
 
 func counter(s *stack.Stack, name string) uint64 {
