@@ -3,6 +3,7 @@ package stack_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -221,15 +222,26 @@ func TestPingIdentFilter(t *testing.T) {
 			}
 		}
 	}
+	// ICMP is datagrams: the replies may come in another order (the first
+	// requests wait for ARP), but each socket gets exactly its own.
 	buf := make([]byte, 64)
 	for i, c := range cs {
 		c.SetReadDeadline(time.Now().Add(pingWait))
+		want := map[uint16]bool{}
 		for seq := uint16(1); seq <= n; seq++ {
+			want[seq*10+uint16(i)] = true
+		}
+		for r := 0; r < n; r++ {
 			m, _, err := c.ReadFrom(buf)
 			if err != nil {
-				t.Fatalf("socket %d, reply %d: %v", i, seq, err)
+				t.Fatalf("socket %d, reply %d: %v", i, r, err)
 			}
-			checkReply(t, buf[:m], peer, netip.MustParseAddr("192.0.2.1"), c.ID(), seq*10+uint16(i), []byte("x"))
+			if m < 8 || !want[binary.BigEndian.Uint16(buf[6:8])] {
+				t.Fatalf("socket %d: reply % x is not one of its outstanding requests %v", i, buf[:m], want)
+			}
+			seq := binary.BigEndian.Uint16(buf[6:8])
+			delete(want, seq)
+			checkReply(t, buf[:m], peer, netip.MustParseAddr("192.0.2.1"), c.ID(), seq, []byte("x"))
 		}
 	}
 }
