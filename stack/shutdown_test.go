@@ -301,7 +301,7 @@ const (
 // startDownload returns, the reader has stopped mid-transfer and the
 // server's writer is held by the window. Closing resume lets the reader
 // go on.
-func startDownload(t *testing.T, srv, peer *Stack, seed uint64) (l net.Listener, wrote <-chan written, got <-chan readResult, resume chan struct{}) {
+func startDownload(t *testing.T, srv, peer *Stack, seed uint64) (l net.Listener, wrote <-chan written, got <-chan readResult, resume chan struct{}, c *rawConn) {
 	t.Helper()
 	l, err := srv.ListenTCP(shutdownAddr)
 	if err != nil {
@@ -323,7 +323,28 @@ func startDownload(t *testing.T, srv, peer *Stack, seed uint64) (l net.Listener,
 	case w := <-wrote:
 		t.Fatalf("writer ended after %d bytes with %v before the reader paused", w.n, w.err)
 	}
-	return l, wrote, got, resume
+	return l, wrote, got, resume, c
+}
+
+// waitWindowClosed waits until c's receive queue has stopped growing
+// with its reader paused: the window it advertises is then closed, and
+// the sender's remaining megabytes cannot go. Under -race the queue can
+// still be filling long after the reader paused. (gVisor's window is not
+// its buffer size less the queue, so the queue's standing still, for ten
+// looks 20 ms apart, is the sign.)
+func waitWindowClosed(t *testing.T, c *rawConn) {
+	t.Helper()
+	last, still := -1, 0
+	testutil.WaitFor(t, "the peer's receive queue to stop growing", func() bool {
+		q, e := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
+		if e != nil || q != last || q == 0 {
+			last, still = q, 0
+		} else {
+			still++
+		}
+		time.Sleep(20 * time.Millisecond)
+		return still >= 10
+	})
 }
 
 // checkPrefix fails t unless r's bytes are the first r.n of seed's stream.
@@ -344,7 +365,7 @@ func TestShutdownDeliversThenFIN(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	const seed = 1
 	srv, peer, closeAll := shutdownPair(t)
-	_, wrote, got, resume := startDownload(t, srv, peer, seed)
+	_, wrote, got, resume, _ := startDownload(t, srv, peer, seed)
 
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
@@ -390,7 +411,7 @@ func TestShutdownCloseResets(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	const seed = 2
 	srv, peer, closeAll := shutdownPair(t)
-	_, wrote, got, resume := startDownload(t, srv, peer, seed)
+	_, wrote, got, resume, _ := startDownload(t, srv, peer, seed)
 	if err := srv.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -419,7 +440,8 @@ func TestShutdownZeroWindowDeadline(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	const seed = 3
 	srv, peer, closeAll := shutdownPair(t)
-	_, wrote, got, resume := startDownload(t, srv, peer, seed)
+	_, wrote, got, resume, c := startDownload(t, srv, peer, seed)
+	waitWindowClosed(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
