@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/ustack/ustack/stack"
 )
@@ -182,6 +183,7 @@ func TestShutdownDownload(t *testing.T) {
 				diagnose(t, r)
 				t.Fatalf("client read %d bytes, then %v, before it paused", res.n, res.err)
 			}
+			waitRecvStill(t, c)
 
 			w, done := tc.cut(r, tc.v6, wrote)
 			close(resume)
@@ -243,5 +245,31 @@ func shutdownCut(timeout time.Duration) func(r *rig, v6 bool, wrote <-chan sent)
 			}
 			return dialErr
 		}
+	}
+}
+
+// waitRecvStill waits until c's receive queue (SIOCINQ) has stopped
+// growing, for ten looks 20 ms apart: with its reader paused, its window
+// is then closed. Under -race the queue can still be filling long after
+// the reader paused, and a cut then meets an open window.
+func waitRecvStill(t *testing.T, c *net.TCPConn) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, still := -1, 0
+	if !waitUntil(time.Minute, func() bool {
+		q := 0
+		rc.Control(func(fd uintptr) { q, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if q != last || q == 0 {
+			last, still = q, 0
+		} else {
+			still++
+		}
+		time.Sleep(20 * time.Millisecond)
+		return still >= 10
+	}) {
+		t.Fatalf("the client's receive queue kept changing (%d bytes) for a minute", last)
 	}
 }
