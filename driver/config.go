@@ -297,8 +297,25 @@ type Config struct {
 	// super-frames are gathered and take the copying path either way.
 	BounceRead bool
 	// NICCPUs and PollCPUs pin the NIC model's thread and the poll loop's
-	// thread to these CPUs (nil: not pinned).
+	// thread to these CPUs (nil: not pinned). With RunToCompletion, the
+	// one goroutine is pinned to PollCPUs and NICCPUs is not used.
 	NICCPUs, PollCPUs []int
+	// RunToCompletion runs the NIC model and the poll loop on one
+	// goroutine, on a wire that is a Waiter (the TAP, MemWire; on other
+	// wires it is ignored): it reads up to Budget frames from the wire
+	// into the ring, polls a batch, yields to the goroutines the batch
+	// readied (runtime.Gosched, as ksoftirqd's cond_resched), and sleeps
+	// in the wire's Wait only when the wire is dry and the ring drained.
+	// An exchange's frame then reaches the handler with no hand-off
+	// between goroutines, as a NIC's interrupt runs NAPI on the CPU that
+	// took it. The model keeps its semantics: after a sleep the NIC part
+	// reads until its interrupt is due (Budget, CoalesceBytes,
+	// CoalesceUsecs, a dry wire) before the first poll; a full ring has
+	// it poll a batch instead of waiting; busy readers take the ring, and
+	// the wire, while it sleeps (BusyReadPoll); BusyPoll spins on the
+	// wire. nic_cpu_ns is clocked per batch of wire reads, apart from
+	// poll_cpu_ns.
+	RunToCompletion bool
 	// WireTap, if set, is given every frame read from the wire (without its
 	// virtio-net header, before the NIC model looks at it), on the NIC
 	// model's goroutine: `ustack run -pcap-wire`.

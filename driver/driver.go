@@ -130,7 +130,13 @@ type Driver struct {
 	// (busyread.go), one at a time, as NAPI_STATE_SCHED.
 	napi napiOwner
 
-	nic nicState // owned by the NIC goroutine
+	nic nicState // owned by the NIC goroutine (with RunToCompletion, by the ring's holder)
+
+	// RunToCompletion: the wire's Waiter, nil when the NIC model and the
+	// poll loop run on goroutines of their own; the CPU time of batches
+	// polled for ring space inside the NIC's reads (the ring's holder's).
+	waiter        Waiter
+	roomPollNanos int64
 
 	// Hardware GRO (SHAMPO): the header buffer, one entry per CQE, written
 	// by the NIC and read by the poll loop like the CQE itself; the poll
@@ -177,6 +183,9 @@ func New(wire Wire, cfg Config) (*Driver, error) {
 	if cfg.HWGRO != HWGROOff {
 		d.headers = make([]byte, cfg.RingSize*shampoHeaderEntry)
 	}
+	if w, ok := wire.(Waiter); ok && cfg.RunToCompletion {
+		d.waiter = w
+	}
 	d.epoch = time.Now()
 	d.nic.init(d)
 	d.nicCPU.Store(-1)
@@ -211,6 +220,10 @@ func (d *Driver) Start(h Handler) {
 		d.handler = h
 		if x, ok := h.(XDPHandler); ok && d.cfg.XDP {
 			d.xdp = x
+		}
+		if d.waiter != nil {
+			go d.runLoop()
+			return
 		}
 		go d.nicLoop()
 		go d.pollLoop()

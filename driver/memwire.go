@@ -4,6 +4,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // MemWire is one end of an in-memory Wire pair made by NewMemPair, for
@@ -14,6 +15,9 @@ import (
 type MemWire struct {
 	rx, tx *memQueue // rx: frames for this end; tx: frames for the peer
 	pair   *memPair
+	// Waiter: Wake's signal; Wait's timer (the reader's).
+	kick  chan struct{}
+	timer *time.Timer
 }
 
 // memPair is the state both ends share: closing either end closes both.
@@ -29,6 +33,7 @@ type memPair struct {
 type memQueue struct {
 	free     chan []byte
 	full     chan []byte
+	ready    chan struct{} // signalled after each frame put on full, for Wait
 	maxFrame int
 	// dropped counts the frames written to the queue and discarded: the
 	// writer's Dropped, the reader's rx_wire_dropped.
@@ -39,6 +44,7 @@ func newMemQueue(depth, maxFrame int) *memQueue {
 	q := &memQueue{
 		free:     make(chan []byte, depth),
 		full:     make(chan []byte, depth),
+		ready:    make(chan struct{}, 1),
 		maxFrame: maxFrame,
 	}
 	backing := make([]byte, depth*maxFrame)
@@ -80,7 +86,8 @@ func NewMemPair(depth, maxFrame int) (*MemWire, *MemWire) {
 	}
 	p := &memPair{closed: make(chan struct{})}
 	ab, ba := newMemQueue(depth, maxFrame), newMemQueue(depth, maxFrame)
-	return &MemWire{rx: ba, tx: ab, pair: p}, &MemWire{rx: ab, tx: ba, pair: p}
+	return &MemWire{rx: ba, tx: ab, pair: p, kick: make(chan struct{}, 1)},
+		&MemWire{rx: ab, tx: ba, pair: p, kick: make(chan struct{}, 1)}
 }
 
 // Read copies the oldest queued frame into b, truncating it to len(b), and
@@ -119,6 +126,51 @@ func (w *MemWire) next(block bool) ([]byte, error) {
 	}
 }
 
+// Wait returns when a frame is queued, after timeout (negative: none), at
+// Wake, or at Close (os.ErrClosed) (Waiter). It takes no frame: a busy
+// reader may read the wire while the NIC model waits. For the reader only.
+func (w *MemWire) Wait(timeout time.Duration) error {
+	if w.isClosed() {
+		return os.ErrClosed
+	}
+	// A signal left from frames already read would end this wait for
+	// nothing: drop it, then look (a frame queued after the look signals
+	// again).
+	select {
+	case <-w.rx.ready:
+	default:
+	}
+	if len(w.rx.full) > 0 {
+		return nil
+	}
+	var tc <-chan time.Time
+	if timeout >= 0 {
+		if w.timer == nil {
+			w.timer = time.NewTimer(timeout)
+		} else {
+			w.timer.Reset(timeout)
+		}
+		defer w.timer.Stop()
+		tc = w.timer.C
+	}
+	select {
+	case <-w.rx.ready: // a frame was queued since the last look, maybe this one
+	case <-w.kick:
+	case <-tc:
+	case <-w.pair.closed:
+		return os.ErrClosed
+	}
+	return nil
+}
+
+// Wake makes a Wait in progress, or the next one, return (Waiter).
+func (w *MemWire) Wake() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
 // ReadVec is Read over the concatenation of iov's buffers (VecReader).
 func (w *MemWire) ReadVec(iov [][]byte, block bool) (int, error) {
 	buf, err := w.next(block)
@@ -148,6 +200,10 @@ func (w *MemWire) Write(b []byte) error {
 	select {
 	case buf := <-w.tx.free:
 		w.tx.full <- buf[:copy(buf, b)]
+		select {
+		case w.tx.ready <- struct{}{}:
+		default:
+		}
 		return nil
 	default:
 		w.tx.dropped.Add(1)

@@ -164,38 +164,53 @@ func (d *Driver) nicLoop() {
 	}()
 	block := false
 	for {
-		var m, inRing int
-		var err error
-		if n.vr != nil {
-			m, inRing, err = n.readDirect(block)
-		} else {
-			m, err = d.wire.Read(n.rbuf, block)
+		got, err := n.step(block)
+		if err != nil {
+			d.wireFailed(err)
+			return
 		}
-		if errors.Is(err, ErrNoFrame) {
+		if !got {
 			// The wire is empty: publish what we have and sleep on it.
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 			block = true
 			continue
 		}
-		if err != nil {
-			d.wireFailed(err)
-			return
-		}
 		block = false
-		rrtrace.Mark(rrtrace.FrameRead)
-		if inRing > 0 && !n.directOK(n.rbuf[:m], inRing) {
-			n.gather(inRing)
-			inRing = 0
-		}
-		n.receive(n.rbuf[:m], inRing)
-		rrtrace.Mark(rrtrace.Received)
-		n.expose()
 		if n.due() {
 			n.publish()
 			d.stats.NICCPUNanos.Store(ThreadCPUTime() - start)
 		}
 	}
+}
+
+// step reads one frame from the wire, waiting for one if block is set, and
+// writes it into the ring (its CQEs exposed to the poll loop). It reports
+// false, with no error, when block is false and the wire has no frame. An
+// error is the wire's: it is closed or failed.
+func (n *nicState) step(block bool) (bool, error) {
+	var m, inRing int
+	var err error
+	if n.vr != nil {
+		m, inRing, err = n.readDirect(block)
+	} else {
+		m, err = n.d.wire.Read(n.rbuf, block)
+	}
+	if errors.Is(err, ErrNoFrame) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	rrtrace.Mark(rrtrace.FrameRead)
+	if inRing > 0 && !n.directOK(n.rbuf[:m], inRing) {
+		n.gather(inRing)
+		inRing = 0
+	}
+	n.receive(n.rbuf[:m], inRing)
+	rrtrace.Mark(rrtrace.Received)
+	n.expose()
+	return true, nil
 }
 
 // readDirect reads a frame as Wire.Read does into rbuf, but with the part
@@ -673,7 +688,7 @@ func (n *nicState) publish() {
 	n.expose()
 	timer := n.timerFired
 	n.pending, n.pendBytes, n.lastCQE, n.timerFired = 0, 0, 0, false
-	if d.pollSleeping.Load() {
+	if d.pollSleeping.Load() && d.waiter == nil {
 		select {
 		case d.irq <- struct{}{}:
 			d.stats.NICWakeups.Add(1)
@@ -711,6 +726,16 @@ func (n *nicState) waitRoom(cost int) bool {
 			return false
 		} else {
 			d.stats.RQStalls.Add(1)
+		}
+		if d.waiter != nil {
+			// Run to completion: the poll loop is this goroutine (or
+			// the busy reader holding the ring), which polls a batch
+			// to make room rather than wait for itself.
+			n.expose()
+			t := ThreadCPUTime()
+			d.pollHeld(d.cfg.Budget)
+			d.roomPollNanos += max(0, ThreadCPUTime()-t)
+			continue
 		}
 		// Publish, then wait for the poll loop to consume: it signals
 		// space after each batch while nicWaiting is set.

@@ -84,6 +84,7 @@ type TAPConfig struct {
 type TAP struct {
 	fd      int
 	efd     int // eventfd that Close signals to wake a blocked Read
+	kfd     int // eventfd that Wake signals to end a Wait
 	name    string
 	vnetHdr bool
 	uso     bool
@@ -101,8 +102,10 @@ type TAP struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	pfd [2]unix.PollFd // Read's poll set: fd and efd
-	iov []unix.Iovec   // ReadVec's, reused (one reader at a time)
+	pfd  [2]unix.PollFd // Read's poll set: fd and efd
+	wpfd [3]unix.PollFd // Wait's: fd, efd and kfd
+	wts  unix.Timespec  // Wait's timeout, kept here so that Wait does not allocate
+	iov  []unix.Iovec   // ReadVec's, reused (one reader at a time)
 }
 
 const tapClosedBit = int64(1) << 62
@@ -119,11 +122,14 @@ func OpenTAP(cfg TAPConfig) (*TAP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open tap %q: %w", cfg.Name, err)
 	}
-	t := &TAP{fd: fd, efd: -1, vnetHdr: cfg.VnetHdr, tun: cfg.TUN, idle: make(chan struct{}, 1)}
+	t := &TAP{fd: fd, efd: -1, kfd: -1, vnetHdr: cfg.VnetHdr, tun: cfg.TUN, idle: make(chan struct{}, 1)}
 	if err := t.setup(cfg); err != nil {
 		unix.Close(fd)
 		if t.efd >= 0 {
 			unix.Close(t.efd)
+		}
+		if t.kfd >= 0 {
+			unix.Close(t.kfd)
 		}
 		return nil, fmt.Errorf("open tap %q: %w", cfg.Name, err)
 	}
@@ -131,6 +137,7 @@ func OpenTAP(cfg TAPConfig) (*TAP, error) {
 		{Fd: int32(t.fd), Events: unix.POLLIN},
 		{Fd: int32(t.efd), Events: unix.POLLIN},
 	}
+	t.wpfd = [3]unix.PollFd{t.pfd[0], t.pfd[1], {Fd: int32(t.kfd), Events: unix.POLLIN}}
 	return t, nil
 }
 
@@ -223,6 +230,10 @@ func (t *TAP) setup(cfg TAPConfig) error {
 	if err != nil {
 		return fmt.Errorf("eventfd: %w", err)
 	}
+	t.kfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("eventfd: %w", err)
+	}
 	return nil
 }
 
@@ -307,6 +318,60 @@ func (t *TAP) read(b []byte, iov [][]byte, block bool) (int, error) {
 	}
 }
 
+// Wait sleeps until a frame is queued on the TAP, timeout passes (negative:
+// no timeout), Wake is called or Close starts (then it returns
+// os.ErrClosed): one ppoll(2) on the TAP and two eventfds (Waiter). It is
+// for the reader only and does not allocate.
+func (t *TAP) Wait(timeout time.Duration) error {
+	if !t.acquire() {
+		return os.ErrClosed
+	}
+	defer t.release()
+	var deadline time.Time
+	if timeout >= 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for {
+		var ts *unix.Timespec
+		if timeout >= 0 {
+			t.wts = unix.NsecToTimespec(int64(max(time.Until(deadline), 0)))
+			ts = &t.wts
+		}
+		for i := range t.wpfd {
+			t.wpfd[i].Revents = 0
+		}
+		_, err := unix.Ppoll(t.wpfd[:], ts, nil)
+		if err == nil {
+			break
+		}
+		if err != unix.EINTR {
+			return fmt.Errorf("poll tap %q: %w", t.name, err)
+		}
+		// A signal (the runtime's own, for preemption): wait on.
+	}
+	if t.state.Load()&tapClosedBit != 0 {
+		return os.ErrClosed
+	}
+	if t.wpfd[2].Revents&unix.POLLIN != 0 {
+		var b [8]byte
+		unix.Read(t.kfd, b[:]) // reset the eventfd's counter; EAGAIN if a racing Wait took it
+	}
+	return nil
+}
+
+// Wake makes a Wait in progress, or the next one, return (Waiter): it
+// adds one to an eventfd that Wait polls. Safe from any goroutine; after
+// Close it does nothing.
+func (t *TAP) Wake() {
+	if !t.acquire() {
+		return
+	}
+	defer t.release()
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	unix.Write(t.kfd, one[:]) // EAGAIN only at a counter near 2^64: a wake is pending anyway
+}
+
 // Write sends one frame: b is the virtio-net header followed by the
 // Ethernet frame when VnetHdr is set, the bare Ethernet frame otherwise. If
 // the device cannot take the frame within a short bound it returns an
@@ -372,6 +437,7 @@ func (t *TAP) Close() error {
 			t.closeErr = fmt.Errorf("close tap %q: %w", t.name, err)
 		}
 		unix.Close(t.efd)
+		unix.Close(t.kfd)
 	})
 	return t.closeErr
 }

@@ -782,3 +782,120 @@ func TestTAPResetsVnetByteOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestTAPWait: the Waiter's Wait returns for a queued frame, a timeout, a
+// Wake (before or during the wait) and Close (os.ErrClosed), and does not
+// allocate.
+func TestTAPWait(t *testing.T) {
+	tapTestNeedRoot(t)
+	b := tapTestOpen(t, TAPConfig{VnetHdr: true, Offloads: true})
+	waitDone := func(f func() error) error {
+		t.Helper()
+		c := make(chan error, 1)
+		go func() { c <- f() }()
+		select {
+		case err := <-c:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("Wait did not return in 10 s")
+			return nil
+		}
+	}
+	// The kernel's own frames (IPv6 router solicitations, MLD) end a
+	// Wait too: a wake counts when no frame was queued after it.
+	buf := make([]byte, tapTestBufLen)
+	drain := func() (n int) {
+		for {
+			if _, err := b.tap.Read(buf, false); err != nil {
+				return n
+			}
+			n++
+		}
+	}
+	woken := func(during bool) {
+		t.Helper()
+		for try := 0; try < 50; try++ {
+			drain()
+			var err error
+			if during {
+				c := make(chan error, 1)
+				go func() { c <- b.tap.Wait(-1) }()
+				time.Sleep(5 * time.Millisecond) // into the ppoll, most likely; either way Wake ends it
+				b.tap.Wake()
+				err = waitDone(func() error { return <-c })
+			} else {
+				b.tap.Wake()
+				err = waitDone(func() error { return b.tap.Wait(-1) })
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if drain() == 0 {
+				return // nothing else could have ended it
+			}
+		}
+		t.Fatal("a kernel frame came with every Wake in 50 tries")
+	}
+	woken(false) // a Wake before the Wait ends it at once
+	woken(true)  // a Wake during the Wait ends it
+	// A timeout ends it.
+	if err := waitDone(func() error { return b.tap.Wait(time.Millisecond) }); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(20, func() { b.tap.Wait(0) }); n != 0 {
+		t.Errorf("Wait allocates %.1f times", n)
+	}
+	// A frame: the kernel sends a datagram; Wait returns and a
+	// non-blocking read finds frames until the datagram.
+	dst := netip.AddrPortFrom(b.StackAddr4.Addr(), 7777)
+	u, err := b.NS.DialUDP(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if _, err := u.Write([]byte("wake up")); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for i := 0; i < 100 && !found; i++ {
+		if err := waitDone(func() error { return b.tap.Wait(-1) }); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			n, err := b.tap.Read(buf, false)
+			if errors.Is(err, ErrNoFrame) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			found = found || bytes.Contains(buf[:n], []byte("wake up"))
+		}
+	}
+	if !found {
+		t.Fatal("the datagram never came after a Wait")
+	}
+	// Close ends a Wait with os.ErrClosed.
+	c := make(chan error, 1)
+	go func() {
+		for {
+			// A kernel frame may end a Wait before Close.
+			if err := b.tap.Wait(-1); err != nil {
+				c <- err
+				return
+			}
+			drain()
+		}
+	}()
+	time.Sleep(10 * time.Millisecond)
+	b.tap.Close()
+	select {
+	case err := <-c:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("Wait after Close: %v, want os.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the Wait")
+	}
+	b.tap.Wake() // after Close: nothing, no panic
+}

@@ -1,6 +1,9 @@
 package driver
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // ErrNoFrame is returned by a non-blocking Wire.Read when no frame is ready.
 var ErrNoFrame = errors.New("driver: no frame ready")
@@ -41,6 +44,24 @@ type Wire interface {
 // The NIC model hands ReadVec at most maxReadIov buffers.
 type VecReader interface {
 	ReadVec(iov [][]byte, block bool) (int, error)
+}
+
+// A Waiter is a Wire whose reader can sleep until a frame may be ready
+// and be woken by another goroutine: the NIC model and the poll loop on one
+// goroutine (Config.RunToCompletion) sleep in Wait rather than in a
+// blocking Read, so that the handler's flush timer and a busy reader's
+// hand-back wake them too. The TAP and MemWire are Waiters.
+type Waiter interface {
+	// Wait returns when a frame may be ready to read, after timeout (a
+	// negative timeout waits without one), when Wake is called (a Wake
+	// with nobody waiting makes the next Wait return at once) or when
+	// the wire is closed (then with os.ErrClosed). It may return early
+	// with no frame: the caller reads without blocking to see. Wait is
+	// called by the reader only.
+	Wait(timeout time.Duration) error
+	// Wake makes a Wait in progress, or the next one, return. Safe to
+	// call from any goroutine, also after Close.
+	Wake()
 }
 
 // maxReadIov bounds the buffers of one ReadVec: a 64 KB super-frame over

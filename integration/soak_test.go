@@ -45,6 +45,7 @@ func soakPolicies() []soakPolicy {
 		{"no-recycle/cyclic/hds-256", cfg(driver.Config{RQ: driver.RQCyclic, HDS: 256}, bufpool.Config{NoRecycle: true}), 0.9},
 		{"small-pool/lro-off", cfg(driver.Config{RQ: driver.RQCyclic}, bufpool.Config{MaxPages: 48}), 0},
 		{"page-64k/lro-on", cfg(driver.Config{LRO: true}, bufpool.Config{PageSize: bufpool.PageSize64K}), 0.9},
+		{"run-to-completion/lro-on", cfg(driver.Config{LRO: true, RunToCompletion: true}, bufpool.Config{}), 0.9},
 	}
 }
 

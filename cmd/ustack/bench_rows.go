@@ -15,7 +15,8 @@ import (
 // with GRO off.
 func defaultRows(mtu int) []bench.Row {
 	svc := servicePolicy(mtu)
-	rows := []bench.Row{row("service: "+svc.String(), svc)}
+	rtc := servicePolicy(mtu, "run-to-completion=on")
+	rows := []bench.Row{row("service: "+svc.String(), svc), row("service: "+rtc.String(), rtc)}
 	add := func(lro, hds, gro string) {
 		p := basePolicy(mtu, "lro="+lro, "hds="+hds, "gro="+gro)
 		rows = append(rows, row("mlx5: "+p.String(), p))
@@ -106,13 +107,16 @@ func cpumapPaths(mtu int) []bench.Row {
 
 // rrRows are `ustack bench -rr`'s ustack rows: the service configuration,
 // mlx5 as shipped, and the service configuration with delayed ACKs, with
-// busy polling and with busy reads (bench.RR adds the kernel's row).
+// busy polling, with busy reads, run to completion, and run to completion
+// with busy reads (bench.RR adds the kernel's row).
 func rrRows(mtu int) []bench.Row {
 	return []bench.Row{row("ustack service", servicePolicy(mtu)),
 		row("ustack mlx5", basePolicy(mtu)),
 		row("delayed-ack=1ms", servicePolicy(mtu, "delayed-ack=1ms")),
 		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs")),
-		row("busy-read=50µs", servicePolicy(mtu, "busy-read=50µs"))}
+		row("busy-read=50µs", servicePolicy(mtu, "busy-read=50µs")),
+		row("run-to-completion", servicePolicy(mtu, "run-to-completion=on")),
+		row("run-to-completion busy-read=50µs", servicePolicy(mtu, "run-to-completion=on", "busy-read=50µs"))}
 }
 
 // row is a bench row measuring ustack with policy p.
