@@ -42,6 +42,7 @@ var policyExamples = map[string][]string{
 	"delayed-ack":       {"1ms", "0s"},
 	"busy-poll":         {"50µs", "0s"},
 	"busy-read":         {"50µs", "0s"},
+	"run-to-completion": {"on", "off"},
 	"pool-poison":       {"true", "false"},
 	"pool-mem":          {"67108864"},
 	"pool-ring":         {"512"},
