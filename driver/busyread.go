@@ -76,8 +76,9 @@ func (d *Driver) BusyReadPoll() int {
 	if !n.state.CompareAndSwap(napiIdle, napiReader) {
 		return 0
 	}
-	if rtc {
-		// Run to completion: the ring's holder is the NIC too. A ring
+	if rtc && !d.split.on.Load() {
+		// Run to completion: the ring's holder is the NIC too (unless
+		// the NIC model runs on its own goroutine under load: rtcSplit). A ring
 		// with less than a budget waiting is topped up from the wire,
 		// as napi_busy_loop's poll finds what the hardware wrote. An
 		// error is the wire's: the run-to-completion goroutine sees it.
@@ -100,8 +101,9 @@ func (d *Driver) BusyReadPoll() int {
 	// the work itself.
 	if (kick || d.prod.Load() != d.cons.Load()) && d.pollSleeping.Load() {
 		if rtc {
+			// Asleep in the wire's Wait, or (the NIC split off) on
+			// the interrupt: wake either.
 			d.waiter.Wake()
-			return int(work)
 		}
 		select {
 		case d.irq <- struct{}{}:

@@ -137,6 +137,7 @@ type Driver struct {
 	// polled for ring space inside the NIC's reads (the ring's holder's).
 	waiter        Waiter
 	roomPollNanos int64
+	split         rtcSplitState
 
 	// Hardware GRO (SHAMPO): the header buffer, one entry per CQE, written
 	// by the NIC and read by the poll loop like the CQE itself; the poll
@@ -185,6 +186,8 @@ func New(wire Wire, cfg Config) (*Driver, error) {
 	}
 	if w, ok := wire.(Waiter); ok && cfg.RunToCompletion {
 		d.waiter = w
+		d.split.give = make(chan struct{}, 1)
+		d.split.back = make(chan struct{}, 1)
 	}
 	d.epoch = time.Now()
 	d.nic.init(d)

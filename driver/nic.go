@@ -688,7 +688,7 @@ func (n *nicState) publish() {
 	n.expose()
 	timer := n.timerFired
 	n.pending, n.pendBytes, n.lastCQE, n.timerFired = 0, 0, 0, false
-	if d.pollSleeping.Load() && d.waiter == nil {
+	if d.pollSleeping.Load() && (d.waiter == nil || d.split.on.Load()) {
 		select {
 		case d.irq <- struct{}{}:
 			d.stats.NICWakeups.Add(1)
@@ -727,7 +727,7 @@ func (n *nicState) waitRoom(cost int) bool {
 		} else {
 			d.stats.RQStalls.Add(1)
 		}
-		if d.waiter != nil {
+		if d.waiter != nil && !d.split.on.Load() {
 			// Run to completion: the poll loop is this goroutine (or
 			// the busy reader holding the ring), which polls a batch
 			// to make room rather than wait for itself.

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/ustack/ustack/internal/rrtrace"
@@ -60,7 +61,7 @@ func (d *Driver) runLoop() {
 	yield := len(d.cfg.PollCPUs) == 0
 	var nicNanos, pollNanos int64
 	defer func() {
-		d.stats.NICCPUNanos.Store(nicNanos)
+		d.stats.NICCPUNanos.Store(nicNanos + d.split.nicNanos.Load())
 		d.stats.PollCPUNanos.Store(pollNanos)
 	}()
 	nap := &d.napi
@@ -68,6 +69,12 @@ func (d *Driver) runLoop() {
 	nap.state.Store(napiLoop) // from napiOff: nobody else takes it before this
 	wake := true              // the first run starts as after a sleep
 	yielded := false
+	busyRuns, busySince := 0, int64(0)
+	defer func() {
+		if d.split.started {
+			close(d.split.give) // ends the NIC's goroutine: it holds nothing now
+		}
+	}()
 	polls := 0
 	for {
 		// The NIC: frames from the wire into the ring, without waiting.
@@ -87,12 +94,26 @@ func (d *Driver) runLoop() {
 			d.rtcStop(&pollNanos)
 			return
 		}
+		// A run that found more on the wire than it reads at once, ten
+		// times in a row or for 2 ms: the NIC model moves to a goroutine
+		// of its own until the wire goes quiet, as __do_softirq hands
+		// its work to ksoftirqd after MAX_SOFTIRQ_RESTART restarts or
+		// MAX_SOFTIRQ_TIME.
+		if dry {
+			busyRuns = 0
+		} else if now := d.since(); busyRuns == 0 {
+			busyRuns, busySince = 1, now
+		} else if busyRuns++; busyRuns > rtcMaxRestart || now-busySince >= int64(rtcMaxTime) {
+			busyRuns = 0
+			d.rtcSplit(&pollNanos, yield)
+			continue
+		}
 		// The poll loop: one batch.
 		if d.pollHeld(d.cfg.Budget) {
 			rrtrace.Mark(rrtrace.PollDone)
 			pollNanos += max(0, ThreadCPUTime()-t1)
 			if polls++; polls%16 == 0 {
-				d.stats.NICCPUNanos.Store(nicNanos)
+				d.stats.NICCPUNanos.Store(nicNanos + d.split.nicNanos.Load())
 				d.stats.PollCPUNanos.Store(pollNanos)
 			}
 			yielded = false
@@ -126,7 +147,7 @@ func (d *Driver) runLoop() {
 			continue
 		}
 		yielded = false
-		d.stats.NICCPUNanos.Store(nicNanos)
+		d.stats.NICCPUNanos.Store(nicNanos + d.split.nicNanos.Load())
 		d.stats.PollCPUNanos.Store(pollNanos)
 		if !d.rtcSleep() {
 			d.rtcStop(&pollNanos)
@@ -135,6 +156,137 @@ func (d *Driver) runLoop() {
 		wake = true
 		rrtrace.Mark(rrtrace.PollWoke)
 	}
+}
+
+// The run-to-completion goroutine's hand-over to a goroutine of the NIC
+// model's own (rtcSplit), as softirq work goes to ksoftirqd.
+const (
+	rtcMaxRestart = 10                   // MAX_SOFTIRQ_RESTART
+	rtcMaxTime    = 2 * time.Millisecond // MAX_SOFTIRQ_TIME
+	// rtcQuiet is how long the wire stays dry before the NIC's goroutine
+	// hands the NIC model back: ksoftirqd sleeps once no softirq is
+	// pending, and the next interrupt runs NAPI inline again; here a
+	// hand-back costs a goroutine wake-up, so a bulk stream's gaps
+	// (tens of microseconds) do not end the split.
+	rtcQuiet = time.Millisecond
+)
+
+// rtcSplitState is the NIC model's own goroutine under load.
+type rtcSplitState struct {
+	// on: the NIC model runs on its goroutine (set by the
+	// run-to-completion goroutine before it hands over, cleared by the
+	// NIC's goroutine before it hands back).
+	on       atomic.Bool
+	give     chan struct{} // run-to-completion goroutine -> NIC's: the NIC model is yours
+	back     chan struct{} // NIC's -> run-to-completion goroutine: the wire is quiet, it is yours again
+	started  bool          // the NIC's goroutine runs (the run-to-completion goroutine's)
+	t        *time.Timer   // the split poll loop's flush timer (the run-to-completion goroutine's)
+	nicNanos atomic.Int64  // CPU time of the NIC's goroutine, summed per split
+}
+
+// rtcSplit hands the NIC model to its own goroutine and runs as the poll
+// loop, sleeping on the NIC's interrupts, until that goroutine hands the
+// NIC back (the wire stayed quiet for rtcQuiet). The caller holds the
+// ring; it holds it again on return, with the NIC model.
+func (d *Driver) rtcSplit(pollNanos *int64, yield bool) {
+	sp := &d.split
+	d.stats.RTCSplits.Add(1)
+	sp.on.Store(true)
+	if !sp.started {
+		sp.started = true
+		go d.rtcNIC()
+	}
+	sp.give <- struct{}{}
+	nap := &d.napi
+	for {
+		t := ThreadCPUTime()
+		if d.pollHeld(d.cfg.Budget) {
+			*pollNanos += max(0, ThreadCPUTime()-t)
+			if yield {
+				runtime.Gosched()
+			}
+			continue
+		}
+		if nap.more || nap.flushAt != 0 && d.since() >= nap.flushAt {
+			nap.more = false
+			nap.setFlush(d.handler.Flush(false), d.since())
+			*pollNanos += max(0, ThreadCPUTime()-t)
+			continue
+		}
+		// Drained: sleep until the NIC's interrupt, its hand-back or the
+		// flush timer. Announce the sleep first, then look again: the
+		// NIC raises its interrupt for what it writes after the
+		// announcement.
+		d.pollSleeping.Store(true)
+		nap.state.Store(napiIdle)
+		back := false
+		if d.prod.Load() == d.cons.Load() {
+			var tc <-chan time.Time
+			if f := nap.flushAt; f != 0 {
+				sp.timer().Reset(max(time.Duration(f-d.since()), 0))
+				tc = sp.t.C
+			}
+			select {
+			case <-d.irq:
+			case <-sp.back:
+				back = true
+			case <-tc:
+			}
+			if tc != nil {
+				sp.t.Stop()
+			}
+		}
+		for !nap.state.CompareAndSwap(napiIdle, napiLoop) {
+			runtime.Gosched() // a busy reader's batch: short
+		}
+		d.pollSleeping.Store(false)
+		if back {
+			return
+		}
+	}
+}
+
+// rtcNIC is the NIC model's own goroutine: on each hand-over it reads the
+// wire as the NIC goroutine of two-goroutine mode does (nicLoop), raising
+// interrupts to the poll loop and waiting for ring space, until the wire
+// has stayed dry for rtcQuiet; then it hands the NIC model back.
+func (d *Driver) rtcNIC() {
+	PinThread(d.cfg.NICCPUs) // the hardware's thread, as nicLoop's; unpinned if that fails
+	n := &d.nic
+	for range d.split.give {
+		start := ThreadCPUTime()
+		for {
+			got, err := n.step(false)
+			if err != nil {
+				break // the wire's: the run-to-completion goroutine sees it
+			}
+			if !got {
+				n.publish()
+				if d.waiter.Wait(rtcQuiet) != nil {
+					break
+				}
+				if got, err = n.step(false); err != nil || !got {
+					break
+				}
+			}
+			if n.due() {
+				n.publish()
+			}
+		}
+		n.publish()
+		d.split.nicNanos.Add(max(0, ThreadCPUTime()-start))
+		d.split.on.Store(false)
+		d.split.back <- struct{}{}
+	}
+}
+
+// timer returns the split poll loop's flush timer, made once (stopped).
+func (s *rtcSplitState) timer() *time.Timer {
+	if s.t == nil {
+		s.t = time.NewTimer(time.Hour)
+		s.t.Stop()
+	}
+	return s.t
 }
 
 // rtcRead is the NIC's part of a run: it reads frames from the wire into

@@ -387,3 +387,82 @@ func TestRunToCompletionClose(t *testing.T) {
 		t.Errorf("Err after Close: %v", err)
 	}
 }
+
+// orderGoroutineHandler is orderHandler with sameGoroutineHandler's count
+// of packets delivered on the goroutine that read their frame.
+type orderGoroutineHandler struct {
+	orderHandler
+	tap        *goroutineTap
+	same, away atomic.Int64
+}
+
+func (h *orderGoroutineHandler) Deliver(p *Packet) {
+	if goid() == h.tap.id.Load() {
+		h.same.Add(1)
+	} else {
+		h.away.Add(1)
+	}
+	h.orderHandler.Deliver(p)
+}
+
+// TestRunToCompletionSplit: a backlog on the wire longer than ten runs
+// moves the NIC model to its own goroutine (rx_rtc_splits, frames then
+// delivered on another goroutine than the one that read them), every
+// frame arrives once and in order, and once the wire has been quiet the
+// NIC model is back: a frame after that is read and delivered on one
+// goroutine again.
+func TestRunToCompletionSplit(t *testing.T) {
+	tap := &goroutineTap{}
+	h := &orderGoroutineHandler{tap: tap}
+	d, w := newTestDriverDepth(t, Config{RunToCompletion: true, WireTap: tap}, h, 8192)
+	spec := pkSpec{l3: L3IPv4, proto: protoUDP, payload: pkPayload(64)}
+	const frames = 6000 // 94 budgets: more than ten runs' worth
+	for round := 0; round < 3; round++ {
+		// Stop the goroutine from draining the wire while it fills: the
+		// ring is taken as a busy reader would take it.
+		for end := time.Now().Add(10 * time.Second); !d.napi.state.CompareAndSwap(napiIdle, napiReader); {
+			if time.Now().After(end) {
+				t.Fatalf("the goroutine did not go to sleep")
+			}
+			runtime.Gosched()
+		}
+		base := round * (frames + 1)
+		for i := 0; i < frames; i++ {
+			spec.ipID = uint16(base + i)
+			if err := w.Write(wireFrame(VirtioNetHdr{}, spec.build())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d.napi.state.Store(napiIdle) // the goroutine, woken by the first frame, waits for it
+		h.waitFor(t, int64(base+frames))
+		if d.Stats().RTCSplits.Load() == 0 {
+			t.Fatalf("rx_rtc_splits 0 after a backlog of %d frames", frames)
+		}
+		// Quiet: the NIC comes back.
+		for end := time.Now().Add(10 * time.Second); d.split.on.Load(); {
+			if time.Now().After(end) {
+				t.Fatalf("the NIC model did not come back after the wire went quiet")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		same := h.same.Load()
+		spec.ipID = uint16(base + frames)
+		if err := w.Write(wireFrame(VirtioNetHdr{}, spec.build())); err != nil {
+			t.Fatal(err)
+		}
+		h.waitFor(t, int64(base+frames+1))
+		if h.same.Load() != same+1 {
+			t.Errorf("round %d: the frame after the split was not delivered on the goroutine that read it", round)
+		}
+	}
+	if h.away.Load() == 0 {
+		t.Errorf("no frame delivered on another goroutine than its reader's: the split did not happen")
+	}
+	if n := h.disorder.Load(); n != 0 {
+		t.Errorf("frames out of order: %d", n)
+	}
+	if n := h.overlaps.Load(); n != 0 {
+		t.Errorf("Deliver or Flush overlapped %d times", n)
+	}
+	t.Logf("splits %d, delivered on the reader's goroutine %d, on another %d", d.Stats().RTCSplits.Load(), h.same.Load(), h.away.Load())
+}

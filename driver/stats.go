@@ -30,6 +30,7 @@ type Stats struct {
 	TimerIRQs    atomic.Uint64 // rx_irqs_timer: of those, raised by the moderation timer (Config.CoalesceUsecs)
 	BusyPolls    atomic.Uint64 // rx_busy_polls: spins on an empty ring (Config.BusyPoll)
 	BusyPollHits atomic.Uint64 // rx_busy_poll_hits: spins a completion ended, no sleep
+	RTCSplits    atomic.Uint64 // rx_rtc_splits: times run to completion handed the NIC model to its own goroutine under load (as softirq to ksoftirqd)
 
 	// Poll loop.
 	Packets      atomic.Uint64 // rx_packets: frames (CQEs) the poll loop built packets from
@@ -74,6 +75,7 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_irqs_timer", s.TimerIRQs.Load())
 	fn("rx_busy_polls", s.BusyPolls.Load())
 	fn("rx_busy_poll_hits", s.BusyPollHits.Load())
+	fn("rx_rtc_splits", s.RTCSplits.Load())
 	fn("rx_wqes", s.WQEs.Load())
 	fn("rx_strides", s.Strides.Load())
 	fn("rx_cqe_stalls", s.CQEStalls.Load())

@@ -15,8 +15,7 @@ import (
 // with GRO off.
 func defaultRows(mtu int) []bench.Row {
 	svc := servicePolicy(mtu)
-	rtc := servicePolicy(mtu, "run-to-completion=on")
-	rows := []bench.Row{row("service: "+svc.String(), svc), row("service: "+rtc.String(), rtc)}
+	rows := []bench.Row{row("service: "+svc.String(), svc)}
 	add := func(lro, hds, gro string) {
 		p := basePolicy(mtu, "lro="+lro, "hds="+hds, "gro="+gro)
 		rows = append(rows, row("mlx5: "+p.String(), p))
@@ -107,16 +106,15 @@ func cpumapPaths(mtu int) []bench.Row {
 
 // rrRows are `ustack bench -rr`'s ustack rows: the service configuration,
 // mlx5 as shipped, and the service configuration with delayed ACKs, with
-// busy polling, with busy reads, run to completion, and run to completion
-// with busy reads (bench.RR adds the kernel's row).
+// busy polling, with busy reads, and with two goroutines for the NIC model
+// and the poll loop (bench.RR adds the kernel's row).
 func rrRows(mtu int) []bench.Row {
 	return []bench.Row{row("ustack service", servicePolicy(mtu)),
 		row("ustack mlx5", basePolicy(mtu)),
 		row("delayed-ack=1ms", servicePolicy(mtu, "delayed-ack=1ms")),
 		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs")),
 		row("busy-read=50µs", servicePolicy(mtu, "busy-read=50µs")),
-		row("run-to-completion", servicePolicy(mtu, "run-to-completion=on")),
-		row("run-to-completion busy-read=50µs", servicePolicy(mtu, "run-to-completion=on", "busy-read=50µs"))}
+		row("run-to-completion=off", servicePolicy(mtu, "run-to-completion=off"))}
 }
 
 // row is a bench row measuring ustack with policy p.
