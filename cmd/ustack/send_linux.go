@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,6 +31,7 @@ func sendCmd(args []string) error {
 	mode := fs.String("mode", "tcp", "tcp (bulk), udp (datagrams of -size, -gso per write with UDP_SEGMENT; 0: one per write) or rr (request/response of -size bytes)")
 	size := fs.Int("size", 64, "udp datagram or rr message size")
 	gso := fs.Int("gso", 64, "udp: datagrams per write with UDP_SEGMENT (0 or 1: plain writes)")
+	blocking := fs.Bool("blocking", false, "rr: blocking read(2) and write(2) on a locked thread per flow, as a C client does, instead of Go's network poller")
 	streams := fs.Int("P", 1, "tcp: parallel connections; rr: flows, each a connection with one transaction in flight (neper's tcp_rr -F)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -41,7 +43,7 @@ func sendCmd(args []string) error {
 	case "udp":
 		return sendUDP(*addr, *dur, *max, *size, *gso)
 	case "rr":
-		return sendRR(*addr, *dur, *size, *streams)
+		return sendRR(*addr, *dur, *size, *streams, *blocking)
 	case "tcp":
 	default:
 		return usageError{fmt.Errorf("mode %q: want tcp, udp or rr", *mode)}
@@ -160,7 +162,7 @@ func max1(n int) int {
 // sendRR runs request/response transactions of size bytes on one TCP
 // connection for dur, as neper's TCP_RR does, and counts them with their
 // latencies (median and 99th percentile in the result).
-func sendRR(addr string, dur time.Duration, size, flows int) error {
+func sendRR(addr string, dur time.Duration, size, flows int, blocking bool) error {
 	if size < 1 || size > 65536 {
 		return usageError{errors.New("want 1 <= -size <= 65536")}
 	}
@@ -185,7 +187,11 @@ func sendRR(addr string, dur time.Duration, size, flows int) error {
 	for _, c := range conns {
 		go func() {
 			r := result{lat: new(bench.LatencyHist)}
-			r.n, r.err = rrFlow(c, deadline, size, r.lat)
+			if blocking {
+				r.n, r.err = rrFlowBlocking(c, deadline, size, r.lat)
+			} else {
+				r.n, r.err = rrFlow(c, deadline, size, r.lat)
+			}
 			results <- r
 		}()
 	}
@@ -217,6 +223,35 @@ func rrFlow(c net.Conn, deadline time.Time, size int, lat *bench.LatencyHist) (i
 			return n, err
 		}
 		if _, err := io.ReadFull(c, resp); err != nil {
+			return n, err
+		}
+		t1 := time.Now()
+		lat.Add(t1.Sub(t0))
+		t0 = t1
+	}
+	return n, nil
+}
+
+// rrFlowBlocking is rrFlow the way a C client (tcprr.c) runs it: on a
+// locked thread, blocking write(2) and read(2) on the descriptor. A
+// connection whose peer stops answering blocks the read; the bench's
+// timeout ends the process.
+func rrFlowBlocking(c net.Conn, deadline time.Time, size int, lat *bench.LatencyHist) (int64, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	fd, err := bench.BlockingFD(c.(*net.TCPConn))
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	req := make([]byte, size)
+	resp := make([]byte, size)
+	var n int64
+	for t0 := time.Now(); t0.Before(deadline); n++ {
+		if err := bench.WriteFullFD(fd, req); err != nil {
+			return n, err
+		}
+		if err := bench.ReadFullFD(fd, resp); err != nil {
 			return n, err
 		}
 		t1 := time.Now()

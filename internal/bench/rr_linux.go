@@ -54,7 +54,7 @@ func RR(bed *testbed.TAPBed, exe string, rows []Row, size int, dur time.Duration
 		return err
 	}
 	defer closeRx()
-	fmt.Printf("ustack bench -rr: TCP_RR %d B, one connection, TCP_NODELAY; client `ustack send -mode rr` in netns %s -> TAP -> ustack's echo, and -> veth -> the kernel's TCP in netns %s with the same Go echo; %v per run, %d rounds interleaved\n",
+	fmt.Printf("ustack bench -rr: TCP_RR %d B, one connection, TCP_NODELAY; client `ustack send -mode rr -blocking` (blocking read(2) and write(2) on a locked thread, as a C client) in netns %s -> TAP -> ustack's echo, and -> veth -> the kernel's TCP in netns %s with a C-style echo (blocking, a thread per connection); %v per run, %d rounds interleaved\n",
 		size, bed.NS.Name, rx.Name, dur, rounds)
 	names := []string{}
 	for _, r := range rows {
@@ -162,8 +162,9 @@ func rrUstack(bed *testbed.TAPBed, exe string, row Row, size int, dur time.Durat
 	return rrClient(bed.NS, exe, ap, size, dur)
 }
 
-// rrKernel measures the kernel's TCP: the same Go echo on a kernel socket
-// in rx, reached over the veth pair.
+// rrKernel measures the kernel's TCP: a C-style echo (BlockingEcho, as the
+// TAP floor's tcprr.c server) on a kernel socket in rx, reached over the
+// veth pair.
 func rrKernel(bed *testbed.TAPBed, rx *testbed.Netns, exe string, size int, dur time.Duration) (rrSample, error) {
 	ap := netip.AddrPortFrom(rrVethServer.Addr(), rrPort)
 	l, err := rx.ListenTCP(ap)
@@ -171,7 +172,7 @@ func rrKernel(bed *testbed.TAPBed, rx *testbed.Netns, exe string, size int, dur 
 		return rrSample{}, err
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); serve.Echo(l) }()
+	go func() { defer close(done); BlockingEcho(l) }()
 	defer func() { l.Close(); <-done }()
 	return rrClient(bed.NS, exe, ap, size, dur)
 }
@@ -181,7 +182,7 @@ func rrKernel(bed *testbed.TAPBed, rx *testbed.Netns, exe string, size int, dur 
 func rrClient(ns *testbed.Netns, exe string, ap netip.AddrPort, size int, dur time.Duration) (rrSample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), dur+30*time.Second)
 	defer cancel()
-	cmd := ns.Exec(ctx, exe, "send", "-mode", "rr", "-size", fmt.Sprint(size), "-addr", ap.String(), "-t", dur.String())
+	cmd := ns.Exec(ctx, exe, "send", "-mode", "rr", "-blocking", "-size", fmt.Sprint(size), "-addr", ap.String(), "-t", dur.String())
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cpu0, h0 := rusage(), handoffs()
