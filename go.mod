@@ -41,3 +41,5 @@ require (
 )
 
 tool gvisor.dev/gvisor/tools/checklocks/cmd/checklocks
+
+replace gvisor.dev/gvisor => ./internal/gvisor/src

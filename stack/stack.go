@@ -127,6 +127,20 @@ type Config struct {
 	// park at once; a spinning reader holds a core for as long as a peer
 	// keeps it waiting.
 	BusyRead time.Duration
+	// InlineTCP has gVisor's TCP process a segment for a connected socket
+	// in the goroutine that delivers it, as Linux runs TCP in softirq
+	// (tcp_v4_rcv calls tcp_v4_do_rcv): the poll loop, a cpumap worker, a
+	// busy reader polling the ring (BusyRead), or the sender of a packet
+	// over the loopback interface, instead of handing every segment to one
+	// of gVisor's processor goroutines. A socket the application holds
+	// (a read or write in progress in gVisor) keeps the segment queued,
+	// and a processor takes it once the application lets go, as
+	// release_sock processes the socket backlog; a socket another
+	// goroutine is processing, and listening and connecting sockets and
+	// TIME_WAIT, leave it to a processor too. It needs the patched gVisor
+	// of internal/gvisor (New fails in a build with the stockgvisor tag).
+	// Off by default: gVisor's processors, as upstream.
+	InlineTCP bool
 	// NoGRO turns the GRO engine off (on by default, as `ethtool -K gro`).
 	NoGRO bool
 	// GROFlushTimeout is gro_flush_timeout: 0 flushes GRO at the end of
@@ -461,6 +475,11 @@ func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstac
 	}
 	if e := ip.SetTransportProtocolOption(tcp.ProtocolNumber, &rmem); e != nil {
 		return fail(fmt.Errorf("stack: tcp receive buffer range: %s", e))
+	}
+	if cfg.InlineTCP {
+		if err := setInlineTCP(ip); err != nil {
+			return fail(err)
+		}
 	}
 	if e := ip.CreateNIC(nicID, ep); e != nil {
 		return fail(fmt.Errorf("stack: create NIC: %s", e))

@@ -106,15 +106,17 @@ func cpumapPaths(mtu int) []bench.Row {
 
 // rrRows are `ustack bench -rr`'s ustack rows: the service configuration,
 // mlx5 as shipped, and the service configuration with delayed ACKs, with
-// busy polling, with busy reads, and with two goroutines for the NIC model
-// and the poll loop (bench.RR adds the kernel's row).
+// busy polling, with busy reads, with two goroutines for the NIC model
+// and the poll loop, and with TCP processed inline (bench.RR adds the
+// kernel's row).
 func rrRows(mtu int) []bench.Row {
 	return []bench.Row{row("ustack service", servicePolicy(mtu)),
 		row("ustack mlx5", basePolicy(mtu)),
 		row("delayed-ack=1ms", servicePolicy(mtu, "delayed-ack=1ms")),
 		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs")),
 		row("busy-read=50µs", servicePolicy(mtu, "busy-read=50µs")),
-		row("run-to-completion=off", servicePolicy(mtu, "run-to-completion=off"))}
+		row("run-to-completion=off", servicePolicy(mtu, "run-to-completion=off")),
+		row("inline-tcp=on", servicePolicy(mtu, "inline-tcp=on"))}
 }
 
 // row is a bench row measuring ustack with policy p.

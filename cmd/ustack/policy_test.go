@@ -40,6 +40,7 @@ var policyExamples = map[string][]string{
 	"pool-recycle":      {"off", "on"},
 	"rx-uso":            {"on", "off"},
 	"delayed-ack":       {"1ms", "0s"},
+	"inline-tcp":        {"on", "off"},
 	"busy-poll":         {"50µs", "0s"},
 	"busy-read":         {"50µs", "0s"},
 	"run-to-completion": {"on", "off"},
