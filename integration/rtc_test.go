@@ -33,8 +33,14 @@ func TestRunToCompletion(t *testing.T) {
 			if got := counter(t, r.st, "rx_irqs"); got == 0 {
 				t.Errorf("rx_irqs 0: the interrupts after the goroutine's sleeps are not counted")
 			}
-			if c.cfg.BusyPoll > 0 && counter(t, r.st, "rx_busy_poll_hits") == 0 {
-				t.Errorf("rx_busy_poll_hits 0 with busy polling on the wire")
+			// Whether a spin finds a frame depends on the sender's timing
+			// (a loaded machine may leave every 50 µs spin dry); the
+			// driver's tests check hits with a wire they control.
+			if c.cfg.BusyPoll > 0 {
+				if counter(t, r.st, "rx_busy_polls") == 0 {
+					t.Errorf("rx_busy_polls 0 with busy polling on the wire")
+				}
+				t.Logf("rx_busy_polls %d rx_busy_poll_hits %d", counter(t, r.st, "rx_busy_polls"), counter(t, r.st, "rx_busy_poll_hits"))
 			}
 			checkFlowDrops(t, r.st)
 			r.close(t) // checks that every page is back in the pool

@@ -95,8 +95,17 @@ func TestMatrixRun(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Runs) != 8 {
-		t.Fatalf("got %d runs, want 8 (4 cells x A, B):\n%s", len(got.Runs), out)
+	// A kernel without ip6tnl and seg6 cannot make the tunnel: its two
+	// cells are skipped, and say why.
+	want := 8
+	for c, why := range got.Skipped {
+		if strings.Contains(c, "tunnel on") && strings.Contains(why, "neither ip6tnl nor seg6") {
+			delete(got.Skipped, c)
+			want -= 2
+		}
+	}
+	if len(got.Runs) != want {
+		t.Fatalf("got %d runs, want %d (4 cells x A, B, less the skipped):\n%s", len(got.Runs), want, out)
 	}
 	for _, r := range got.Runs {
 		if r.Error != "" || r.Value <= 0 || r.Bytes <= 0 || len(r.Counters) == 0 {
@@ -147,7 +156,12 @@ func TestBenchRR(t *testing.T) {
 		if err1 != nil || err2 != nil || err3 != nil || tps <= 0 || p50 <= 0 || p99 < p50 {
 			t.Errorf("row %q: want transactions and p50 <= p99", l)
 		}
-		// Each exchange wakes at least the echo's goroutine.
+		// Each of ustack's exchanges wakes at least the echo's goroutine;
+		// the kernel's row is a C-style client and echo on locked
+		// threads, with no goroutine to wake.
+		if strings.HasPrefix(name, "kernel") {
+			continue
+		}
 		if gw, err := strconv.ParseFloat(f[n-3], 64); err != nil || gw < 1 {
 			t.Errorf("row %q: goroutine wake-ups per transaction %q, want at least 1", l, f[n-3])
 		}

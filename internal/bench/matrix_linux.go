@@ -102,6 +102,7 @@ func Matrix(cfg MatrixConfig) error {
 	}
 	cl.Add(env.bed)
 	env.mtu = dims.MTUs[0]
+	skipTunnelCells(env.bed, rep)
 	if cfg.Peers {
 		if env.rx, err = testbed.NewNetns("ustack-matrix-rx"); err != nil {
 			return err
@@ -206,6 +207,30 @@ type matrixEnv struct {
 	pollCPU   int
 	readerCPU map[string]int // by core value; -1: not available
 	verbose   bool
+}
+
+// skipTunnelCells marks the tunnel cells of rep skipped when the kernel
+// cannot make the tunnel (testbed.ErrNoIP6Tunnel), after one try.
+func skipTunnelCells(bed *testbed.TAPBed, rep *matrixReport) {
+	for _, cr := range rep.Cells {
+		if cr.Cell.Tunnel != "on" || cr.Skip != "" {
+			continue
+		}
+		tun, err := bed.AddIP6Tunnel(testbed.IP6TunnelConfig{})
+		if err == nil {
+			tun.Close()
+			return
+		}
+		if !errors.Is(err, testbed.ErrNoIP6Tunnel) {
+			return // the cells' runs report it
+		}
+		for _, c := range rep.Cells {
+			if c.Cell.Tunnel == "on" && c.Skip == "" {
+				c.Skip = testbed.ErrNoIP6Tunnel.Error()
+			}
+		}
+		return
+	}
 }
 
 // sidesFor lists the indexes of the sides that run in cell: the peers do

@@ -14,6 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrNoIP6Tunnel is returned (wrapped) by AddIP6Tunnel and Add when the
+// kernel can make neither an ip6tnl device nor a seg6 encapsulation route
+// (a kernel built without CONFIG_IPV6_TUNNEL and CONFIG_IPV6_SEG6_LWTUNNEL).
+// It matches errors.ErrUnsupported too.
+var ErrNoIP6Tunnel = fmt.Errorf("kernel has neither ip6tnl nor seg6 encapsulation: %w", errors.ErrUnsupported)
+
 // IP6TunnelConfig configures AddIP6Tunnel. The zero value is usable.
 type IP6TunnelConfig struct {
 	// Kind is the kernel mechanism: "ip6tnl" (an ip6tnl device), "seg6"
@@ -268,6 +274,10 @@ func (t *IP6Tunnel) add() error {
 		}
 		if err := do(func(h *netlink.Handle) error { return h.RouteDel(&netlink.Route{Dst: encap.Dst, LinkIndex: idx}) },
 			func(h *netlink.Handle) error { return h.RouteAdd(encap) }); err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				// lwtunnel_build_state: no seg6 encapsulation built in.
+				return fmt.Errorf("add seg6 route to %s: %v: %w", s, err, ErrNoIP6Tunnel)
+			}
 			return fmt.Errorf("add seg6 route to %s: %w", s, err)
 		}
 		seg := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(decap, 128)), LinkIndex: idx, Encap: action}
