@@ -2,6 +2,7 @@ package stack
 
 import (
 	"net"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -72,4 +73,53 @@ func (c *TCPConn) tryRead(b []byte) (tcpip.ReadResult, tcpip.Error) {
 	res, err := c.ep.Read(&c.sw, tcpip.ReadOptions{})
 	c.sw = nil
 	return res, err
+}
+
+// TryWrite writes what of b the send buffer takes now, without waiting:
+// (0, nil) if it is full or another Write holds the connection (as a write
+// on an O_NONBLOCK socket returns EAGAIN). Its errors are Write's.
+//
+// +checklocksignore: writeMu is taken with TryLock.
+func (c *TCPConn) TryWrite(b []byte) (int, error) {
+	if c.closed.Load() {
+		return 0, c.opError("write", net.ErrClosed)
+	}
+	if c.wd.expired() {
+		return 0, c.opError("write", errDeadline)
+	}
+	if len(b) == 0 || !c.writeMu.TryLock() {
+		return 0, nil
+	}
+	defer c.writeMu.Unlock()
+	c.wr.Reset(b)
+	m, e := c.ep.Write(&c.wr, tcpip.WriteOptions{})
+	c.wr.Reset(nil)
+	switch e.(type) {
+	case nil, *tcpip.ErrWouldBlock:
+		return int(m), nil
+	}
+	if c.closed.Load() {
+		return int(m), c.opError("write", net.ErrClosed)
+	}
+	return int(m), c.opError("write", syscallErr("write", e))
+}
+
+// BusyPoll spins as a read that would block does with Config.BusyRead,
+// until the connection is readable, the spin's time or the read deadline
+// has passed, or Close; it reports whether the connection is readable.
+// Without BusyRead it only looks. It is for servers that wait for
+// readability (NotifyReadable) before they read, as epoll_wait busy polls
+// before it sleeps (ep_busy_loop, with SO_BUSY_POLL or
+// net.core.busy_poll).
+func (c *TCPConn) BusyPoll() bool {
+	if c.Readable() || c.s.cfg.BusyRead <= 0 {
+		return c.Readable()
+	}
+	sp := c.s.busySpin()
+	ok := false
+	for !ok && sp.next(c.done, &c.rd, time.Time{}) {
+		ok = c.Readable()
+	}
+	sp.end(ok)
+	return ok
 }

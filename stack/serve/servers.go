@@ -333,7 +333,9 @@ func (r *serverReader) wait() error {
 		return errServerCap
 	}
 	var expired <-chan time.Time
-	for !r.tc.Readable() {
+	// With the stack's busy reads the wait spins first (BusyPoll), as
+	// epoll_wait does with busy polling.
+	for !r.tc.BusyPoll() {
 		if (r.idle > 0 || capped) && expired == nil {
 			d := r.idle
 			if capped {
@@ -516,12 +518,16 @@ type echoConn struct {
 
 // echo copies c to itself: a reader goroutine takes a buffer once data is
 // there and fills it, this one writes the buffers back in order and
-// releases them.
+// releases them. When nothing is queued for this one, the reader writes
+// what it read itself, as much as the send buffer takes at once
+// (TryWrite), and queues only the rest: a request and its echo take no
+// hand-off between goroutines.
 func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 	r := newServerReader(c, &e.cfg, e.st, quit)
 	defer r.close()
 	ec := &echoConn{freed: make(chan struct{}, 1)}
 	full := make(chan echoChunk, e.share)
+	var inflight atomic.Int32 // chunks sent to the writer and not yet written
 	go func() {
 		defer close(full)
 		for {
@@ -533,9 +539,28 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 				return
 			}
 			m, err := r.read(buf[:])
+			off := 0
 			if m > 0 {
 				rrtrace.Mark(rrtrace.AppRead)
-				full <- echoChunk{buf, m}
+				// Nothing queued for the writer: write it here, as a
+				// C echo writes what it read, without waking the
+				// writer; what the send buffer does not take now
+				// goes to the writer, so that reading goes on.
+				if r.tc != nil && inflight.Load() == 0 {
+					rrtrace.Mark(rrtrace.AppWrite)
+					n, werr := r.tc.TryWrite(buf[:m])
+					if werr != nil {
+						e.release(ec, buf, false)
+						r.abort()
+						c.Close()
+						return
+					}
+					off = n
+				}
+			}
+			if off < m {
+				inflight.Add(1)
+				full <- echoChunk{buf, off, m}
 			} else {
 				e.release(ec, buf, false)
 			}
@@ -552,23 +577,28 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 				c.SetWriteDeadline(time.Now().Add(wt))
 			}
 			rrtrace.Mark(rrtrace.AppWrite)
-			if _, err := c.Write(ch.buf[:ch.n]); err != nil {
+			if _, err := c.Write(ch.buf[ch.off:ch.n]); err != nil {
 				failed = true
 				if isTimeoutErr(err) {
 					e.st.writeTimeouts.Add(1)
 				}
 				r.abort() // stops the reader
 				c.Close()
+			} else if wt > 0 {
+				// The reader's TryWrite does not wait: no deadline
+				// of this write may fail it later.
+				c.SetWriteDeadline(time.Time{})
 			}
 		}
 		e.release(ec, ch.buf, len(full) > 0)
+		inflight.Add(-1)
 	}
 }
 
 // echoChunk is a filled buffer on its way to the writer.
 type echoChunk struct {
-	buf *[echoBufSize]byte
-	n   int
+	buf    *[echoBufSize]byte
+	off, n int // what is left to write: buf[off:n]
 }
 
 // take returns a buffer for ec's reader: its first without a token, one
