@@ -347,3 +347,45 @@ func TestBusyReadConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestBusyPoll: TCPConn.BusyPoll spins for data that comes while it
+// spins (a busy read, counted as one, a hit), reports false when the
+// spin ends without any, and true at once after Close (a read would not
+// block: it fails); without BusyRead it only looks.
+func TestBusyPoll(t *testing.T) {
+	cpuHog(t)
+	rx, _, c, p := busyPair(t, 500*time.Millisecond)
+	tc := c.(*stack.TCPConn)
+	if tc.Readable() {
+		t.Fatal("readable before the peer wrote")
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		p.Write([]byte("x"))
+	}()
+	if !tc.BusyPoll() {
+		t.Fatal("BusyPoll: false, want the byte written while it spun")
+	}
+	if counter(rx, "busy_reads") != 1 || counter(rx, "busy_read_hits") != 1 {
+		t.Errorf("busy_reads %d, busy_read_hits %d: want 1 and 1", counter(rx, "busy_reads"), counter(rx, "busy_read_hits"))
+	}
+	b := make([]byte, 1)
+	if n, err := tc.TryRead(b); n != 1 || err != nil {
+		t.Fatalf("TryRead: %d, %v", n, err)
+	}
+	tc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	if tc.BusyPoll() {
+		t.Error("BusyPoll with nothing sent: true")
+	}
+	reads := counter(rx, "busy_reads")
+	tc.Close()
+	if !tc.BusyPoll() || counter(rx, "busy_reads") != reads {
+		t.Errorf("BusyPoll after Close: false or spun (busy_reads %d, was %d)", counter(rx, "busy_reads"), reads)
+	}
+
+	// Without BusyRead: a look, no spin counted.
+	rx2, _, c2, _ := busyPair(t, 0)
+	if c2.(*stack.TCPConn).BusyPoll() || counter(rx2, "busy_reads") != 0 {
+		t.Errorf("BusyPoll without BusyRead: spun (busy_reads %d)", counter(rx2, "busy_reads"))
+	}
+}

@@ -106,7 +106,8 @@ func (c *TCPConn) TryWrite(b []byte) (int, error) {
 
 // BusyPoll spins as a read that would block does with Config.BusyRead,
 // until the connection is readable, the spin's time or the read deadline
-// has passed, or Close; it reports whether the connection is readable.
+// has passed, or Close; it reports whether the connection is readable (a
+// read would not block: true after Close, whose reads fail at once).
 // Without BusyRead it only looks. It is for servers that wait for
 // readability (NotifyReadable) before they read, as epoll_wait busy polls
 // before it sleeps (ep_busy_loop, with SO_BUSY_POLL or

@@ -102,3 +102,76 @@ func TestClosedSocketsReportErrClosed(t *testing.T) {
 		t.Errorf("UDPEcho after Close: got %v, want nil", err)
 	}
 }
+
+// TestEchoReaderWrites: in request/response each request is echoed by
+// the goroutine that read it (echo_reader_writes, no hand-off to the
+// writer); a peer that sends without reading fills the send buffer, and
+// the rest goes through the writer (echo_writer_writes), every byte in
+// order.
+func TestEchoReaderWrites(t *testing.T) {
+	rx, peer := stacktest.Pair(t, driver.Config{})
+	l, err := rx.ListenTCP(netip.MustParseAddrPort("0.0.0.0:7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &Stats{}
+	serveInBackground(t, l, func() error { return Config{Stats: st}.Echo(l) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	const exchanges = 200
+	req, resp := make([]byte, 64), make([]byte, 64)
+	for i := range exchanges {
+		req[0] = byte(i)
+		if _, err := c.Write(req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, resp); err != nil || resp[0] != byte(i) {
+			t.Fatalf("exchange %d: %x, %v", i, resp[0], err)
+		}
+	}
+	ctr := stacktest.Counters(st.EachCounter)
+	if ctr["echo_reader_writes"] != exchanges || ctr["echo_writer_writes"] != 0 {
+		t.Errorf("request/response: echo_reader_writes %d, echo_writer_writes %d; want %d and 0", ctr["echo_reader_writes"], ctr["echo_writer_writes"], exchanges)
+	}
+	// 8 MiB, read only once the echo had to hand some to its writer
+	// (or all of it was sent).
+	const n = 8 << 20
+	sent := make(chan struct{})
+	got := make(chan []byte, 1)
+	go func() {
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if stacktest.Counters(st.EachCounter)["echo_writer_writes"] > 0 || isDone(sent) {
+				break
+			}
+		}
+		h := sha256.New()
+		io.CopyN(h, c, n)
+		got <- h.Sum(nil)
+	}()
+	want, err := sendAndHash(c, n, 65536, 3)
+	close(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := <-got; string(sum) != string(want[:]) {
+		t.Fatalf("echoed sha256: got %x, want %x", sum, want)
+	}
+	if ctr := stacktest.Counters(st.EachCounter); ctr["echo_writer_writes"] == 0 {
+		t.Errorf("bulk without reading: echo_writer_writes 0, want the writer to take what the send buffer did not")
+	}
+}
+
+func isDone(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}

@@ -129,6 +129,7 @@ func timeoutOr(v, def time.Duration) time.Duration {
 type Stats struct {
 	connsRefused, sourceRefused, prefixRefused atomic.Uint64
 	idleTimeouts, writeTimeouts                atomic.Uint64
+	echoReaderWrites, echoWriterWrites         atomic.Uint64
 	// bufBytes is the memory the discard, echo and sockperf connections
 	// hold in read buffers now (a gauge).
 	bufBytes atomic.Int64
@@ -150,6 +151,8 @@ func (st *Stats) EachCounter(fn func(name string, v uint64)) {
 	fn("server_idle_timeouts", st.idleTimeouts.Load())
 	fn("server_write_timeouts", st.writeTimeouts.Load())
 	fn("server_buf_bytes_current", uint64(max(0, st.bufBytes.Load())))
+	fn("echo_reader_writes", st.echoReaderWrites.Load())
+	fn("echo_writer_writes", st.echoWriterWrites.Load())
 	fn("iperf3_udp_hellos_rejected", st.iperf3HellosRejected.Load())
 	fn("iperf3_idle_timeouts", st.iperf3IdleTimeouts.Load())
 	fn("iperf3_conns_dropped", st.iperf3ConnsDropped.Load())
@@ -415,7 +418,10 @@ func isTimeoutErr(err error) bool {
 // after every handler has finished.
 //
 // Each connection reads and writes concurrently through buffers of its
-// own, so that it keeps reading while its writes wait on a slow peer. (A
+// own, so that it keeps reading while its writes wait on a slow peer;
+// when nothing waits to be written, the reading goroutine writes what it
+// read itself, as much as the send buffer takes at once
+// (echo_reader_writes), so that request/response takes no hand-off. (A
 // plain io.Copy(c, c) works too over ustack's own link endpoint: gVisor,
 // unlike Linux, drops the acknowledgement of a segment that meets a closed
 // receive window, and the endpoint hands it to gVisor first as a pure ACK,
@@ -556,9 +562,13 @@ func (e *echoServer) echo(c net.Conn, quit <-chan struct{}) {
 						return
 					}
 					off = n
+					if n > 0 {
+						e.st.echoReaderWrites.Add(1)
+					}
 				}
 			}
 			if off < m {
+				e.st.echoWriterWrites.Add(1)
 				inflight.Add(1)
 				full <- echoChunk{buf, off, m}
 			} else {
