@@ -35,6 +35,11 @@ type linkEndpoint struct {
 	// +checklocks:mu
 	onClose func()
 
+	// inl is queue 0's inline batch (Config.InlineTCP), run at Flush;
+	// used by whoever holds its ring (the poll loop or a busy reader),
+	// one at a time.
+	inl inlineBatch
+
 	pages  pageStats
 	pcap   *PcapWriter // packets as delivered and frames as sent (Config.Pcap), or nil
 	lend   *lendStats  // zero copy: frags lent to gVisor; nil: copied
@@ -158,7 +163,7 @@ func (e *linkEndpoint) Deliver(pkt *driver.Packet) {
 		e.gro.Receive(pkt, e.nowNS()) // stage 2: out through groSink
 		return
 	}
-	e.toGVisor(pkt)
+	e.toGVisor(pkt, &e.inl)
 }
 
 // l2Len is the length of a frame's link header: the Ethernet header's, or
@@ -176,9 +181,12 @@ func linkLen(l3 bool) int {
 
 // groSink hands the GRO engines' output to toGVisor (Deliver's stage 2 to
 // 3).
-type groSink linkEndpoint
+type groSink struct {
+	e   *linkEndpoint
+	inl *inlineBatch // the delivering goroutine's (nil: process at once)
+}
 
-func (s *groSink) Deliver(p *bufpool.Packet) { (*linkEndpoint)(s).toGVisor(p) }
+func (s *groSink) Deliver(p *bufpool.Packet) { s.e.toGVisor(p, s.inl) }
 
 // nowNS returns the poll batch's clock, read once per batch.
 func (e *linkEndpoint) nowNS() int64 {
@@ -217,7 +225,11 @@ func (e *linkEndpoint) nowNS() int64 {
 // (rx_gro_frag_list counts them). driver's package doc says the same.
 //
 // It is Deliver's stages 3 to 10 (see there) and takes pkt.
-func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
+//
+// inl is the delivering goroutine's inline batch (Config.InlineTCP: the
+// TCP endpoints its segments reach are processed at its batch's end, in
+// Flush), or nil (processed as they come).
+func (e *linkEndpoint) toGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	e.pages.count(pkt)
 	if e.dropBadCsum(pkt) {
 		return
@@ -230,7 +242,7 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	// The TCP headers and the flow's hash, found once for stages 5 and 6.
 	seg := rxTCPOf(pkt.Linear, e.l2Len())
 	if ack, ok := e.zw.ackFirstSeg(pkt.Linear, &seg); ok {
-		e.dispatch(ack)
+		e.dispatch(ack, inl)
 	}
 	if e.mem.hard.Load() && e.tcpMemRefuseSeg(pkt.Linear, &seg) {
 		return // tcp_mem's hard limit (tcpmem_governor.go)
@@ -240,7 +252,7 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 		return
 	}
 	if e.lend != nil {
-		e.lendToGVisor(pkt)
+		e.lendToGVisor(pkt, inl)
 		return
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
@@ -248,7 +260,7 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet) {
 	if e.pcap != nil {
 		e.pcap.WriteFrame(time.Now(), buf.Flatten())
 	}
-	e.dispatch(buf)
+	e.dispatch(buf, inl)
 }
 
 // rxTCP is a received TCP segment's headers as Deliver's stages read them
@@ -291,7 +303,7 @@ func (s *rxTCP) flow(b []byte) uint64 {
 // being payload that lendAfter lends from the page, as tcp_gro_receive's
 // skb_gro_receive turns a head_frag skb's payload into a frag. The caller
 // releases pkt.
-func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
+func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	hdr := pkt.Linear
 	if pkt.Head != nil {
 		hdr = hdr[:min(pkt.HdrLen, len(hdr))]
@@ -303,14 +315,14 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet) {
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(hdr))
 	buf.Merge(&payload)
-	e.dispatch(buf)
+	e.dispatch(buf, inl)
 }
 
 // dispatch delivers one frame, owned by the call, to gVisor: to the
 // tunnel's NIC if it is for one of its addresses, else to the wire's
-// (Deliver's stage 10).
-func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
-	if e.tunnel != nil && e.tunnel.deliver(&buf, e.l2Len()) {
+// (Deliver's stage 10). inl is toGVisor's.
+func (e *linkEndpoint) dispatch(buf buffer.Buffer, inl *inlineBatch) {
+	if e.tunnel != nil && e.tunnel.deliver(&buf, e.l2Len(), inl) {
 		return
 	}
 	e.mu.RLock()
@@ -339,6 +351,7 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer) {
 		proto = header.Ethernet(hdr).Type()
 	}
 	pb.NetworkProtocolNumber = proto
+	setInlineBatch(pb, inl)
 	d.DeliverNetworkPacket(proto, pb)
 }
 
@@ -414,12 +427,23 @@ func (e *linkEndpoint) Flush(more bool) time.Duration {
 	if e.cpuProd != nil {
 		e.cpuProd.Flush() // xdp_do_flush: the bulk queues go to the rings
 	}
-	if e.gro == nil {
-		return 0
+	var again time.Duration
+	if e.gro != nil {
+		again = flushGRO(e.gro, e.groTimeout, more, e.nowNS())
+		e.now = 0
 	}
-	again := flushGRO(e.gro, e.groTimeout, more, e.nowNS())
-	e.now = 0
+	runInline(&e.inl)
 	return again
+}
+
+// runInline processes the TCP endpoints a poll batch's segments reached
+// (Config.InlineTCP): each once, after the batch, so that gVisor
+// acknowledges what the batch brought to a connection once, as Linux's
+// socket backlog defers its ACK to release_sock (TCP_ACK_DEFERRED).
+func runInline(inl *inlineBatch) {
+	if inl.Len() > 0 {
+		inl.Run()
+	}
 }
 
 // jiffy is how old a GRO packet may grow while the poll loop has more

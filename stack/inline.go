@@ -21,3 +21,15 @@ func setInlineTCP(ip *gstack.Stack) error {
 	}
 	return nil
 }
+
+// inlineTCPAvailable: this build's gVisor has TCPInlineProcessingOption.
+const inlineTCPAvailable = true
+
+// inlineBatch is a delivering goroutine's batch of the TCP endpoints its
+// segments reached, processed at its batch's end (the patched gVisor's
+// InlineBatch; runInline).
+type inlineBatch = gstack.InlineBatch
+
+// setInlineBatch has pb's TCP endpoint processed at the end of inl's batch
+// rather than as pb is delivered (nil: as it is delivered).
+func setInlineBatch(pb *gstack.PacketBuffer, inl *inlineBatch) { pb.InlineBatch = inl }

@@ -141,7 +141,7 @@ func (r *inlineRig) write(t *testing.T, flags header.TCPFlags, seq, ack uint32, 
 // stage 10, the call to gVisor's NIC) in the calling goroutine, as the
 // poll loop does, and advances the test's sequence number.
 func (r *inlineRig) deliver(payload []byte) {
-	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, payload)))
+	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, payload)), nil)
 	r.seq += uint32(len(payload))
 }
 
@@ -228,6 +228,50 @@ func TestInlineTCPInDeliveringGoroutine(t *testing.T) {
 				t.Fatalf("InlineTCP off, processors resumed: read %q, %v, want %q", buf[:n], err, want)
 			}
 		})
+	}
+}
+
+// TestInlineTCPBatch: with processors paused, segments delivered with an
+// inline batch are queued and not processed (nothing readable, no ACK)
+// until the batch runs at its end (runInline, as Flush does); then all of
+// them are readable in order and acknowledged by one ACK, where delivered
+// one by one each gets its own.
+func TestInlineTCPBatch(t *testing.T) {
+	r := newInlineRig(t, true)
+	r.s.ip.Pause()
+	defer r.s.ip.Resume()
+	r.drain()
+	var inl inlineBatch
+	var want []byte
+	for i := range 4 {
+		p := bytes.Repeat([]byte{byte('a' + i)}, 100)
+		r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), &inl)
+		r.seq += uint32(len(p))
+		want = append(want, p...)
+	}
+	if r.c.Readable() || inl.Len() != 1 {
+		t.Fatalf("before the batch ran: readable %v, %d endpoints in the batch; want false, 1", r.c.Readable(), inl.Len())
+	}
+	if seg := r.next(); seg != nil {
+		t.Fatalf("before the batch ran: a segment left (ack %d)", seg.AckNumber())
+	}
+	runInline(&inl)
+	buf := make([]byte, 1024)
+	n, err := r.c.TryRead(buf)
+	if err != nil || !bytes.Equal(buf[:n], want) {
+		t.Fatalf("after the batch ran: read %q, %v; want %q", buf[:n], err, want)
+	}
+	acks := 0
+	for seg := r.next(); seg != nil; seg = r.next() {
+		if seg.Flags().Contains(header.TCPFlagAck) {
+			acks++
+			if seg.AckNumber() != r.seq {
+				t.Errorf("ACK of %d, want one of everything (%d)", seg.AckNumber(), r.seq)
+			}
+		}
+	}
+	if acks != 1 || inl.Len() != 0 {
+		t.Errorf("%d ACKs after the batch, %d endpoints left in it; want 1 and 0", acks, inl.Len())
 	}
 }
 

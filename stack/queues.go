@@ -32,6 +32,10 @@ type rxQueue struct {
 	// producer (nil: no cpumap), as each CPU has its xdp_bulk_queue.
 	xdpParts [][]byte
 	cpuProd  *cpumap.Producer
+	// inl is the poll loop's inline batch (Config.InlineTCP), run at
+	// Flush; used by whoever holds the ring (the poll loop or a busy
+	// reader), one at a time.
+	inl inlineBatch
 }
 
 var _ driver.XDPHandler = (*rxQueue)(nil)
@@ -49,7 +53,7 @@ func (q *rxQueue) Deliver(p *driver.Packet) {
 		q.gro.Receive(p, q.nowNS())
 		return
 	}
-	q.ep.toGVisor(p)
+	q.ep.toGVisor(p, &q.inl)
 }
 
 // Flush ends a poll batch as the link endpoint's Flush does.
@@ -57,11 +61,12 @@ func (q *rxQueue) Flush(more bool) time.Duration {
 	if q.cpuProd != nil {
 		q.cpuProd.Flush() // xdp_do_flush
 	}
-	if q.gro == nil {
-		return 0
+	var again time.Duration
+	if q.gro != nil {
+		again = flushGRO(q.gro, q.groTimeout, more, q.nowNS())
+		q.now = 0
 	}
-	again := flushGRO(q.gro, q.groTimeout, more, q.nowNS())
-	q.now = 0
+	runInline(&q.inl)
 	return again
 }
 

@@ -38,6 +38,14 @@ import "time"
 //     one window. Shorter than Linux's 40 ms (TCP_DELACK_MIN): enough for
 //     a reply written at once, and a sender waiting on the ACK (Nagle)
 //     loses at most 1 ms.
+//   - InlineTCP on (with the patched gVisor of internal/gvisor; a build
+//     against the stock module leaves it off): gVisor's TCP runs in the
+//     goroutine that delivers a segment, as Linux's in softirq, and each
+//     connection a poll batch reached is processed once at the batch's
+//     end, so that it is acknowledged once per batch (the socket
+//     backlog's deferred ACK). No hand-off to a processor goroutine per
+//     segment: bulk within the runs' spread in four TCP cells, request/
+//     response the same or up to 10% faster.
 //
 // What it leaves as shipped, and why (docs/embedding.md has the figures):
 //   - Pool.Order 0: order-4 pages were faster in some bulk cells and
@@ -55,5 +63,6 @@ func ServiceConfig() Config {
 	c.Driver.CoalesceBytes = 256 << 10
 	c.Driver.RunToCompletion = true
 	c.DelayedACK = time.Millisecond
+	c.InlineTCP = inlineTCPAvailable
 	return c
 }

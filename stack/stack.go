@@ -348,7 +348,7 @@ func New(cfg Config) (s *Stack, err error) {
 			closeDrivers()
 			return nil, fmt.Errorf("stack: gro flush timeout %v < 0", cfg.GROFlushTimeout)
 		}
-		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
+		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, &groSink{e: ep, inl: &ep.inl})
 		ep.groTimeout = cfg.GROFlushTimeout
 	}
 	if cfg.Tunnel != nil {
@@ -379,7 +379,7 @@ func New(cfg Config) (s *Stack, err error) {
 			ep.lend.addPool(q.drv.Pool())
 		}
 		if ep.gro != nil {
-			q.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, (*groSink)(ep))
+			q.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, &groSink{e: ep, inl: &q.inl})
 			q.groTimeout = cfg.GROFlushTimeout
 		}
 		ep.txDrvs = append(ep.txDrvs, q.drv)

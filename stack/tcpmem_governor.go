@@ -287,7 +287,7 @@ func (e *linkEndpoint) tcpMemRefuseSeg(b []byte, s *rxTCP) bool {
 	}
 	e.mem.drops.Add(1)
 	if f.Contains(header.TCPFlagAck) {
-		e.dispatch(pureACK(b[:tcpOff+tcpLen], ip, tcpOff, tcpLen, t.SequenceNumber()))
+		e.dispatch(pureACK(b[:tcpOff+tcpLen], ip, tcpOff, tcpLen, t.SequenceNumber()), nil)
 	}
 	return true
 }

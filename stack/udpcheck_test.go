@@ -314,12 +314,12 @@ func TestTrainConnUDPLength(t *testing.T) {
 	pool := testutil.NewPool(t, bufpool.Config{Poison: true})
 	big, _ := trainPacket(t, pool, udpFrameSpec{src: udpSrc4, dst: dst}, driver.UDPMaxSegments+1, 10, 0)
 	for i, p := range []*bufpool.Packet{datagramPacket(8 + 50), datagramPacket(7), big} {
-		st.ep.toGVisor(p)
+		st.ep.toGVisor(p, nil)
 		if q, m := len(c.ready), counterMap(st)["udp_malformed"]; q != 0 || m != uint64(i+1) {
 			t.Fatalf("packet %d: %d queued, udp_malformed %d; want 0, %d", i, q, m, i+1)
 		}
 	}
-	st.ep.toGVisor(datagramPacket(8 + 3))
+	st.ep.toGVisor(datagramPacket(8 + 3), nil)
 	if got, seg := readTrain(t, c); string(got) != "hel" || seg != 3 {
 		t.Errorf("UDP length shorter than the IP payload: read %q in segments of %d, want \"hel\" in 3", got, seg)
 	}

@@ -85,7 +85,7 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
 		pv.CapLength(n)
 		buf := buffer.MakeWithView(hv)
 		buf.Append(pv)
-		e.dispatch(buf)
+		e.dispatch(buf, nil)
 	}
 	all.Release()
 }

@@ -179,7 +179,7 @@ func (r *cpumapRx) Receive(p *bufpool.Packet, now int64) {
 		r.gro.Receive(p, now)
 		return
 	}
-	r.e.toGVisor(p)
+	r.e.toGVisor(p, nil)
 }
 
 // ReceiveList takes every packet of ps, in order (cpumap.ListReceiver).
@@ -220,7 +220,7 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 			if cfg.NoCPUMapGRO {
 				return &rx
 			}
-			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: e.l3}, (*groSink)(e))
+			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: e.l3}, &groSink{e: e})
 			engines = append(engines, rx.gro)
 			return &cpumapGRORx{rx}
 		},

@@ -107,10 +107,8 @@ func cpumapPaths(mtu int) []bench.Row {
 // rrRows are `ustack bench -rr`'s ustack rows: the service configuration,
 // mlx5 as shipped, and the service configuration without delayed ACKs, with
 // busy polling, with busy reads, with two goroutines for the NIC model
-// and the poll loop, with TCP processed inline, and inline with busy
-// reads (the reader's spin runs the poll loop's work and TCP's: no
-// hand-off between the wire and the socket) (bench.RR adds the kernel's
-// row).
+// and the poll loop, and with TCP on gVisor's processor goroutines
+// rather than inline (bench.RR adds the kernel's row).
 func rrRows(mtu int) []bench.Row {
 	return []bench.Row{row("ustack service", servicePolicy(mtu)),
 		row("ustack mlx5", basePolicy(mtu)),
@@ -118,8 +116,7 @@ func rrRows(mtu int) []bench.Row {
 		row("busy-poll=50µs", servicePolicy(mtu, "busy-poll=50µs")),
 		row("busy-read=50µs", servicePolicy(mtu, "busy-read=50µs")),
 		row("run-to-completion=off", servicePolicy(mtu, "run-to-completion=off")),
-		row("inline-tcp=on", servicePolicy(mtu, "inline-tcp=on")),
-		row("inline-tcp=on busy-read=50µs", servicePolicy(mtu, "inline-tcp=on", "busy-read=50µs"))}
+		row("inline-tcp=off", servicePolicy(mtu, "inline-tcp=off"))}
 }
 
 // row is a bench row measuring ustack with policy p.

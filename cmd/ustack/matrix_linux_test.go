@@ -166,8 +166,8 @@ func TestBenchRR(t *testing.T) {
 			t.Errorf("row %q: goroutine wake-ups per transaction %q, want at least 1", l, f[n-3])
 		}
 	}
-	if rows != 8 {
-		t.Errorf("%d rows, want ustack's seven and the kernel's:\n%s", rows, out)
+	if rows != 7 {
+		t.Errorf("%d rows, want ustack's six and the kernel's:\n%s", rows, out)
 	}
 	// Namespaces are named prefix-PID-N: look only for this run's.
 	ns, _ := exec.Command("ip", "netns", "list").Output()

@@ -134,6 +134,13 @@ type PacketBuffer struct {
 	// indicates no valid hash has been set.
 	Hash uint32
 
+	// InlineBatch, if not nil, defers the processing of the packet's
+	// transport endpoint that TCPInlineProcessingOption does in the
+	// delivering goroutine to the end of that goroutine's batch
+	// (InlineBatch.Run). Set by the goroutine that delivers the packet,
+	// never carried past its delivery. (A ustack patch.)
+	InlineBatch *InlineBatch `state:"nosave"`
+
 	// Owner is implemented by task to get the uid and gid.
 	// Only set for locally generated packets.
 	Owner tcpip.PacketOwner

@@ -183,9 +183,13 @@ func (epsByNIC *endpointsByNIC) handlePacket(id TransportEndpointID, pkt *Packet
 		inline := queuedProtocol.QueuePacketInline(transEP, id, pkt)
 		epsByNIC.mu.RUnlock()
 		if inline {
-			// After the unlock: processing may unregister transEP,
-			// which takes epsByNIC.mu for writing.
-			queuedProtocol.ProcessQueued(transEP, id)
+			if b := pkt.InlineBatch; b != nil {
+				b.add(queuedProtocol, transEP, id)
+			} else {
+				// After the unlock: processing may unregister
+				// transEP, which takes epsByNIC.mu for writing.
+				queuedProtocol.ProcessQueued(transEP, id)
+			}
 		}
 		return true
 	}
