@@ -319,7 +319,7 @@ func TestTrainConnUDPLength(t *testing.T) {
 			t.Fatalf("packet %d: %d queued, udp_malformed %d; want 0, %d", i, q, m, i+1)
 		}
 	}
-	st.ep.toGVisor(datagramPacket(8 + 3), nil)
+	st.ep.toGVisor(datagramPacket(8+3), nil)
 	if got, seg := readTrain(t, c); string(got) != "hel" || seg != 3 {
 		t.Errorf("UDP length shorter than the IP payload: read %q in segments of %d, want \"hel\" in 3", got, seg)
 	}
