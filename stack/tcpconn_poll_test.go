@@ -80,23 +80,7 @@ func TestTCPConnPoll(t *testing.T) {
 // in order.
 func TestTCPConnTryWrite(t *testing.T) {
 	rx, peer := pair(t, driver.Config{})
-	ap := netip.MustParseAddrPort("192.0.2.1:7201")
-	l, err := rx.ListenTCP(ap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pc, err := peer.DialTCP(ctx, ap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	ac, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ac := connectPairOn(t, peer, rx, netip.MustParseAddrPort("192.0.2.1:7201"))
 	c := ac.(*TCPConn)
 	chunk := make([]byte, 64<<10)
 	var sent []byte

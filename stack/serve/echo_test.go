@@ -109,21 +109,8 @@ func TestClosedSocketsReportErrClosed(t *testing.T) {
 // the rest goes through the writer (echo_writer_writes), every byte in
 // order.
 func TestEchoReaderWrites(t *testing.T) {
-	rx, peer := stacktest.Pair(t, driver.Config{})
-	l, err := rx.ListenTCP(netip.MustParseAddrPort("0.0.0.0:7"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	st := &Stats{}
-	serveInBackground(t, l, func() error { return Config{Stats: st}.Echo(l) })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:7"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(30 * time.Second))
+	c := dialEcho(t, Config{Stats: st})
 	const exchanges = 200
 	req, resp := make([]byte, 64), make([]byte, 64)
 	for i := range exchanges {
@@ -174,4 +161,25 @@ func isDone(c chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// dialEcho serves cfg's Echo on a stack pair's receiver, port 7, and
+// returns a connection to it from the peer, with a 30 s deadline.
+func dialEcho(t *testing.T, cfg Config) net.Conn {
+	t.Helper()
+	rx, peer := stacktest.Pair(t, driver.Config{})
+	l, err := rx.ListenTCP(netip.MustParseAddrPort("0.0.0.0:7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveInBackground(t, l, func() error { return cfg.Echo(l) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := peer.DialTCP(ctx, netip.MustParseAddrPort("192.0.2.1:7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	return c
 }
