@@ -111,6 +111,9 @@ type cpumapRx struct {
 
 	buf []byte // a frame's bytes, for the software check; grown to the largest
 	fi  driver.FrameInfo
+	// inl is the worker's inline batch (Config.InlineTCP), run at the
+	// end of each round (EndBatch, FlushOlderThan, Flush).
+	inl inlineBatch
 }
 
 // cpumapCsumStats count the workers' software checksum checks.
@@ -179,7 +182,7 @@ func (r *cpumapRx) Receive(p *bufpool.Packet, now int64) {
 		r.gro.Receive(p, now)
 		return
 	}
-	r.e.toGVisor(p, nil)
+	r.e.toGVisor(p, &r.inl)
 }
 
 // ReceiveList takes every packet of ps, in order (cpumap.ListReceiver).
@@ -189,16 +192,20 @@ func (r *cpumapRx) ReceiveList(ps []*bufpool.Packet, now int64) {
 	}
 }
 
-// EndBatch implements cpumap.Receiver: nothing is held with GRO off.
-func (r *cpumapRx) EndBatch(int64) {}
+// EndBatch implements cpumap.Receiver: nothing is held with GRO off; the
+// TCP connections the round reached are processed.
+func (r *cpumapRx) EndBatch(int64) { runInline(&r.inl) }
 
 // cpumapGRORx is a cpumapRx with a GRO engine: cpu_map_gro_flush on it
 // (cpumap.Flusher in full on an empty ring, cpumap.OldFlusher under load).
 type cpumapGRORx struct{ cpumapRx }
 
-func (r *cpumapGRORx) EndBatch(now int64)                          { r.gro.EndBatch(now) }
-func (r *cpumapGRORx) Flush()                                      { r.gro.Flush() }
-func (r *cpumapGRORx) FlushOlderThan(age time.Duration, now int64) { r.gro.FlushOlderThan(age, now) }
+func (r *cpumapGRORx) EndBatch(now int64) { r.gro.EndBatch(now); runInline(&r.inl) }
+func (r *cpumapGRORx) Flush()             { r.gro.Flush(); runInline(&r.inl) }
+func (r *cpumapGRORx) FlushOlderThan(age time.Duration, now int64) {
+	r.gro.FlushOlderThan(age, now)
+	runInline(&r.inl)
+}
 
 var (
 	_ cpumap.ListReceiver = (*cpumapRx)(nil)
@@ -216,13 +223,13 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 		QueueSize: cfg.CPUMapQueue,
 		Pin:       driver.PinThread,
 		NewReceiver: func(int) cpumap.Receiver {
-			rx := cpumapRx{e: e, st: &e.cpuCsum}
 			if cfg.NoCPUMapGRO {
-				return &rx
+				return &cpumapRx{e: e, st: &e.cpuCsum}
 			}
-			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: e.l3}, &groSink{e: e})
+			rx := &cpumapGRORx{cpumapRx{e: e, st: &e.cpuCsum}}
+			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: e.l3}, &groSink{e: e, inl: &rx.inl})
 			engines = append(engines, rx.gro)
-			return &cpumapGRORx{rx}
+			return rx
 		},
 	})
 	if err != nil {

@@ -120,15 +120,21 @@ func bulkTo(t *testing.T, rx, peer *Stack, addr netip.AddrPort, n int) {
 
 func TestCPUMapRedirect(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		noGRO bool
-	}{{"cpumap-gro-on", false}, {"cpumap-gro-off", true}} {
+		name          string
+		noGRO, inline bool
+	}{{"cpumap-gro-on", false, false}, {"cpumap-gro-off", true, false},
+		// The workers' inline batches: run at each round's end, or
+		// the segments would wait there.
+		{"cpumap-gro-on/inline-tcp", false, true}, {"cpumap-gro-off/inline-tcp", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.inline && !inlineTCPAvailable {
+				t.Skip("InlineTCP needs the patched gVisor")
+			}
 			prog, err := cpumap.ParseProgram("hash", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rx, peer := pairConfig(t, Config{XDP: prog, CPUMap: []int{0, 1}, NoCPUMapGRO: tc.noGRO})
+			rx, peer := pairConfig(t, Config{XDP: prog, CPUMap: []int{0, 1}, NoCPUMapGRO: tc.noGRO, InlineTCP: tc.inline})
 			bulkTo(t, rx, peer, netip.MustParseAddrPort("192.0.2.1:5001"), 16<<20)
 			bulkTo(t, rx, peer, netip.MustParseAddrPort("[2001:db8::1]:5002"), 4<<20)
 			c := counterMap(rx)
