@@ -229,13 +229,19 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 				return n, c.opError("write", net.ErrClosed)
 			}
 		default:
-			if c.closed.Load() {
-				return n, c.opError("write", net.ErrClosed)
-			}
-			return n, c.opError("write", syscallErr("write", e))
+			return n, c.writeErr(e)
 		}
 	}
 	return n, nil
+}
+
+// writeErr returns a failed write's error: net.ErrClosed after Close, else
+// the errno.
+func (c *TCPConn) writeErr(e tcpip.Error) error {
+	if c.closed.Load() {
+		return c.opError("write", net.ErrClosed)
+	}
+	return c.opError("write", syscallErr("write", e))
 }
 
 // Close closes the connection: what was written is still sent, then the

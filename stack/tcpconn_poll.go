@@ -98,10 +98,7 @@ func (c *TCPConn) TryWrite(b []byte) (int, error) {
 	case nil, *tcpip.ErrWouldBlock:
 		return int(m), nil
 	}
-	if c.closed.Load() {
-		return int(m), c.opError("write", net.ErrClosed)
-	}
-	return int(m), c.opError("write", syscallErr("write", e))
+	return int(m), c.writeErr(e)
 }
 
 // BusyPoll spins as a read that would block does with Config.BusyRead,
@@ -113,8 +110,8 @@ func (c *TCPConn) TryWrite(b []byte) (int, error) {
 // before it sleeps (ep_busy_loop, with SO_BUSY_POLL or
 // net.core.busy_poll).
 func (c *TCPConn) BusyPoll() bool {
-	if c.Readable() || c.s.cfg.BusyRead <= 0 {
-		return c.Readable()
+	if r := c.Readable(); r || c.s.cfg.BusyRead <= 0 {
+		return r
 	}
 	sp := c.s.busySpin()
 	ok := false
