@@ -8,6 +8,9 @@ type pageSet struct {
 	pages []*bufpool.Page
 	start []int
 	size  int
+	// hint is the page the last record ended in: frames go into a WQE in
+	// order, so the next one starts there or after it.
+	hint int
 }
 
 // fill takes pages from pool until the set spans at least want bytes.
@@ -32,7 +35,7 @@ func (s *pageSet) release(pool *bufpool.Pool) {
 		pool.Recycle(pg)
 		s.pages[i] = nil
 	}
-	s.pages, s.start, s.size = s.pages[:0], s.start[:0], 0
+	s.pages, s.start, s.size, s.hint = s.pages[:0], s.start[:0], 0, 0
 }
 
 // write copies src to offset off of the set and records the pages it
@@ -65,12 +68,17 @@ func (s *pageSet) record(cqe *CQE, off, n int, src []byte) {
 		n -= c
 		off += c
 	}
+	s.hint = pi
 }
 
 // find returns the index of a page at or before the one holding offset
-// off: the last page that starts at or before it.
+// off: the hint if it starts at or before off (the common case, a frame
+// after the last one), else the last page that does.
 func (s *pageSet) find(off int) int {
-	pi := len(s.pages) - 1
+	pi := s.hint
+	if pi >= len(s.pages) {
+		pi = len(s.pages) - 1
+	}
 	for pi > 0 && s.start[pi] > off {
 		pi--
 	}

@@ -400,7 +400,7 @@ func copyViewsAfter(b *buffer.Buffer, p *driver.Packet, skip int) {
 			if q == p {
 				from = skip
 			}
-			v = buffer.NewView(q.Len - min(from, q.Len))
+			v = newCopyView(q.Len - min(from, q.Len))
 		}
 		v.Write(w.Bytes())
 	}

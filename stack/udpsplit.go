@@ -54,7 +54,7 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
 		return
 	}
 	hdrLen := l4 + header.UDPMinimumSize
-	all := buffer.NewView(total)
+	all := newCopyView(total)
 	for w, left := p.Walk(hdrLen), total; left > 0 && w.Next(); {
 		b := w.Bytes()
 		b = b[:min(len(b), left)]

@@ -79,6 +79,17 @@ type chunk struct {
 }
 
 func newChunk(size int) *chunk {
+	c := newChunkUninit(size)
+	if size <= MaxChunkSize {
+		clear(c.data)
+	}
+	return c
+}
+
+// newChunkUninit is newChunk without clearing a pooled chunk's data: it
+// holds what its last user wrote. For a caller that overwrites every byte
+// it exposes.
+func newChunkUninit(size int) *chunk {
 	var c *chunk
 	if size > MaxChunkSize {
 		c = &chunk{
@@ -87,7 +98,6 @@ func newChunk(size int) *chunk {
 	} else {
 		pool := getChunkPool(size)
 		c = pool.Get().(*chunk)
-		clear(c.data)
 	}
 	c.InitRefs()
 	return c

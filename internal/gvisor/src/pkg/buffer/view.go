@@ -63,6 +63,17 @@ func NewView(cap int) *View {
 	return v
 }
 
+// NewViewUninit is NewView whose chunk is not cleared: the bytes past the
+// view's end hold what the chunk's previous user wrote. Only for a caller
+// that writes every byte it will expose (Write, not Grow) before the view
+// is read or shared.
+func NewViewUninit(cap int) *View {
+	c := newChunkUninit(cap)
+	v := viewPool.Get().(*View)
+	*v = View{chunk: c}
+	return v
+}
+
 // NewViewSize creates a new view with capacity at least as big as size and
 // length that is exactly size. It is analogous to make([]byte, size).
 func NewViewSize(size int) *View {
