@@ -919,6 +919,24 @@ func (pg *Page) IncRef() {
 	}
 }
 
+// AddRefs takes n more references on pg at once, the caller holding one:
+// the bias a NIC driver takes on a page it posts (mlx5's pagecnt_bias,
+// MLX5E_PAGECNT_BIAS_MAX), to hand out one per frag without touching the
+// page's count, and to give back what it did not hand out with PutRefs.
+func (pg *Page) AddRefs(n int32) {
+	if s := pg.state.Add(n); n <= 0 || s&refMask <= n || s&ringBit != 0 {
+		panic("bufpool: AddRefs on a page the caller does not hold")
+	}
+}
+
+// PutRefs drops n of the caller's references at once, leaving it at least
+// one: the unused part of an AddRefs bias.
+func (pg *Page) PutRefs(n int32) {
+	if s := pg.state.Add(-n); n < 0 || s&refMask < 1 {
+		panic("bufpool: PutRefs of more references than the caller holds")
+	}
+}
+
 // DecRef drops one of the caller's references, from any goroutine. The
 // caller must not touch the page through it afterwards. The last reference
 // releases the page; a page in the ring keeps the pool's.

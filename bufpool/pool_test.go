@@ -915,3 +915,53 @@ func BenchmarkCycle(b *testing.B) {
 		})
 	}
 }
+
+// TestBias: a bias of references taken at once (AddRefs) and its unused
+// part given back (PutRefs) leave the page's count what one IncRef per
+// frag would: the page is recycled once its frags are released, not
+// before; AddRefs on a page the caller does not hold and PutRefs of more
+// than it holds panic.
+func TestBias(t *testing.T) {
+	p := newTestPool(t, Config{Poison: true})
+	pg := mustGet(t, p)
+	pg.AddRefs(65)
+	if got := pg.Refs(); got != 66 {
+		t.Fatalf("refs after AddRefs(65): got %d, want 66", got)
+	}
+	const frags = 3 // handed out of the bias
+	pg.PutRefs(65 - frags)
+	p.Recycle(pg)
+	for i := range frags {
+		if next := mustGet(t, p); next == pg {
+			t.Fatalf("Get with %d of %d frags out returned the page", frags-i, frags)
+		} else {
+			p.Recycle(next)
+		}
+		pg.DecRef()
+	}
+	next := mustGet(t, p)
+	if next != pg {
+		t.Errorf("Get with every frag released: got another page, want the recycled one")
+	}
+	next.DecRef()
+	mustPanicWith(t, "AddRefs on a free page", func() {
+		q := &Page{}
+		q.AddRefs(4)
+	})
+	mustPanicWith(t, "PutRefs of every reference", func() {
+		q := &Page{}
+		q.state.Store(1)
+		q.AddRefs(2)
+		q.PutRefs(3)
+	})
+}
+
+func mustPanicWith(t *testing.T, what string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Errorf("%s: no panic", what)
+		}
+	}()
+	f()
+}

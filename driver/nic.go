@@ -56,6 +56,10 @@ type nicState struct {
 
 	prod    uint32 // next CQE to write; exposed to d.prod after each wire read
 	exposed uint32 // the last prod stored to d.prod
+	// strides counts rx_strides until expose adds them to the stats, once
+	// per wire read: an atomic add per frame would wait, as a full
+	// barrier does, for the frame's writes into the ring to complete.
+	strides uint64
 	// Interrupt moderation: the CQEs written since the last interrupt
 	// (publish) that a running poll loop did not take (due), their bytes,
 	// the moderation timer's start (when the last of them was exposed to a
@@ -565,7 +569,7 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 	n.prod++
 	n.pending++
 	n.pendBytes += size
-	d.stats.Strides.Add(uint64(strides))
+	n.strides += uint64(strides)
 	n.off += cost
 	if n.oneFrame || n.off >= n.wqe.size {
 		n.retire()
@@ -671,6 +675,10 @@ func (n *nicState) due() bool {
 // when every CQE of the read is complete (a SHAMPO CQE's flush bit is set
 // after its slot is counted).
 func (n *nicState) expose() {
+	if n.strides > 0 {
+		n.d.stats.Strides.Add(n.strides)
+		n.strides = 0
+	}
 	if n.exposed != n.prod {
 		n.exposed = n.prod
 		n.d.prod.Store(n.prod)

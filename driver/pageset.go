@@ -3,10 +3,16 @@ package driver
 import "github.com/ustack/ustack/bufpool"
 
 // pageSet is a run of pages addressed as one buffer: a WQE or a SHAMPO
-// data reservation. Each page holds one reference of the NIC's.
+// data reservation. Each page holds one reference of the NIC's, and a
+// bias of more that the NIC hands to the frags it writes without touching
+// the page (used counts them): mlx5's pagecnt_bias
+// (mlx5e_page_alloc_fragmented takes MLX5E_PAGECNT_BIAS_MAX references at
+// once, mlx5e_page_release_fragmented gives back the unused ones), so that
+// no frag costs an atomic operation on its page.
 type pageSet struct {
 	pages []*bufpool.Page
 	start []int
+	used  []int32
 	size  int
 	// hint is the page the last record ended in: frames go into a WQE in
 	// order, so the next one starts there or after it.
@@ -22,21 +28,33 @@ func (s *pageSet) fill(pool *bufpool.Pool, want int) bool {
 			s.release(pool)
 			return false
 		}
+		pg.AddRefs(pageBias(pg))
 		s.pages = append(s.pages, pg)
 		s.start = append(s.start, s.size)
+		s.used = append(s.used, 0)
 		s.size += len(pg.Bytes())
 	}
 	return true
 }
 
-// release hands the pages back to the pool's quarantine ring.
+// release gives back the unused part of each page's bias and hands the
+// pages back to the pool's quarantine ring.
 func (s *pageSet) release(pool *bufpool.Pool) {
 	for i, pg := range s.pages {
+		if unused := pageBias(pg) - s.used[i]; unused > 0 {
+			pg.PutRefs(unused)
+		}
 		pool.Recycle(pg)
 		s.pages[i] = nil
 	}
-	s.pages, s.start, s.size, s.hint = s.pages[:0], s.start[:0], 0, 0
+	s.pages, s.start, s.used, s.size, s.hint = s.pages[:0], s.start[:0], s.used[:0], 0, 0
 }
+
+// pageBias is the references the NIC takes on a page of the set at once
+// (MLX5E_PAGECNT_BIAS_MAX): one per 64-byte stride, the most frames that
+// can start in it, and one for a frame that began before it. A page that
+// runs out (SHAMPO's payloads may be smaller) takes one at a time.
+func pageBias(pg *bufpool.Page) int32 { return int32(len(pg.Bytes())/64 + 1) }
 
 // write copies src to offset off of the set and records the pages it
 // touched in cqe's frags, taking a reference on each new one.
@@ -61,7 +79,11 @@ func (s *pageSet) record(cqe *CQE, off, n int, src []byte) {
 		if k := int(cqe.NFrags); k > 0 && cqe.Frags[k-1].Page == pg {
 			cqe.Frags[k-1].Len += uint32(c)
 		} else {
-			pg.IncRef()
+			if s.used[pi] < pageBias(pg) {
+				s.used[pi]++ // one of the bias
+			} else {
+				pg.IncRef()
+			}
 			cqe.Frags[k] = bufpool.Frag{Page: pg, Off: uint32(po), Len: uint32(c)}
 			cqe.NFrags++
 		}
