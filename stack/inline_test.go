@@ -425,3 +425,64 @@ func connectPairOn(t *testing.T, dialer, lst *Stack, ap netip.AddrPort) (dialed,
 	t.Cleanup(func() { accepted.Close() })
 	return dialed, accepted
 }
+
+// TestInlineTCPRound: a poll batch that used its budget with more in the
+// ring (Flush(more)) leaves its connections in the inline batch, neither
+// processed nor acknowledged, until the softirq round ends: the ring
+// drained, or netdevBudget packets polled since the batch last ran.
+func TestInlineTCPRound(t *testing.T) {
+	r := newInlineRig(t, true)
+	r.s.ip.Pause()
+	defer r.s.ip.Resume()
+	r.drain()
+	var inl inlineBatch
+	var want []byte
+	send := func(i int) {
+		p := bytes.Repeat([]byte{byte('a' + i)}, 100)
+		r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), &inl)
+		r.seq += uint32(len(p))
+		want = append(want, p...)
+	}
+	acks := func() (n int) {
+		for seg := r.next(); seg != nil; seg = r.next() {
+			if seg.Flags().Contains(header.TCPFlagAck) {
+				n++
+				if seg.AckNumber() != r.seq {
+					t.Errorf("ACK of %d, want one of everything (%d)", seg.AckNumber(), r.seq)
+				}
+			}
+		}
+		return n
+	}
+	buf := make([]byte, 4096)
+	for _, end := range []struct {
+		name string
+		pkts int
+		more bool
+	}{
+		{"ring drained", 2, false},
+		{"netdev_budget polled", netdevBudget - 1, true},
+	} {
+		send(0)
+		left := 1
+		if end.more {
+			// Budget used, more waiting, fewer packets than a round.
+			if left = endRound(&inl, end.pkts, true); left != end.pkts || r.c.Readable() || acks() != 0 {
+				t.Fatalf("%s: a batch with more to poll ran the connection (left %d, want %d)", end.name, left, end.pkts)
+			}
+			send(1)
+			left++
+		}
+		if got := endRound(&inl, left, end.more); got != 0 {
+			t.Fatalf("%s: %d packets left after the round's end, want 0", end.name, got)
+		}
+		n, err := r.c.TryRead(buf)
+		if err != nil || !bytes.Equal(buf[:n], want) {
+			t.Fatalf("%s: read %q, %v; want %q", end.name, buf[:n], err, want)
+		}
+		want = want[:0]
+		if got := acks(); got != 1 || inl.Len() != 0 {
+			t.Errorf("%s: %d ACKs, %d endpoints left; want 1 and 0", end.name, got, inl.Len())
+		}
+	}
+}

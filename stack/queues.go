@@ -34,8 +34,9 @@ type rxQueue struct {
 	cpuProd  *cpumap.Producer
 	// inl is the poll loop's inline batch (Config.InlineTCP), run at
 	// Flush; used by whoever holds the ring (the poll loop or a busy
-	// reader), one at a time.
-	inl inlineBatch
+	// reader), one at a time; inlPkts counts the packets since it ran.
+	inl     inlineBatch
+	inlPkts int
 }
 
 var _ driver.XDPHandler = (*rxQueue)(nil)
@@ -49,6 +50,7 @@ func (q *rxQueue) XDP(f bufpool.Frame) bool {
 // Deliver is the link endpoint's Deliver for this queue: GRO, then
 // gVisor.
 func (q *rxQueue) Deliver(p *driver.Packet) {
+	q.inlPkts++
 	if q.gro != nil {
 		q.gro.Receive(p, q.nowNS())
 		return
@@ -66,7 +68,7 @@ func (q *rxQueue) Flush(more bool) time.Duration {
 		again = flushGRO(q.gro, q.groTimeout, more, q.nowNS())
 		q.now = 0
 	}
-	runInline(&q.inl)
+	q.inlPkts = endRound(&q.inl, q.inlPkts, more)
 	return again
 }
 
