@@ -55,6 +55,15 @@ type inlineRig struct {
 	fbuf     []byte
 }
 
+// batchData delivers the next 100 bytes of data (byte 'a'+i) into the
+// inline batch inl, as a poll batch does, and returns them.
+func (r *inlineRig) batchData(inl *inlineBatch, i int) []byte {
+	p := bytes.Repeat([]byte{byte('a' + i)}, 100)
+	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), inl)
+	r.seq += uint32(len(p))
+	return p
+}
+
 // newInlineRig builds the rig, Config.InlineTCP set to inline. The TCP
 // memory governor is off (TCPMemLimit < 0): only the test and gVisor touch
 // the endpoint.
@@ -244,10 +253,7 @@ func TestInlineTCPBatch(t *testing.T) {
 	var inl inlineBatch
 	var want []byte
 	for i := range 4 {
-		p := bytes.Repeat([]byte{byte('a' + i)}, 100)
-		r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), &inl)
-		r.seq += uint32(len(p))
-		want = append(want, p...)
+		want = append(want, r.batchData(&inl, i)...)
 	}
 	if r.c.Readable() || inl.Len() != 1 {
 		t.Fatalf("before the batch ran: readable %v, %d endpoints in the batch; want false, 1", r.c.Readable(), inl.Len())
@@ -437,12 +443,7 @@ func TestInlineTCPRound(t *testing.T) {
 	r.drain()
 	var inl inlineBatch
 	var want []byte
-	send := func(i int) {
-		p := bytes.Repeat([]byte{byte('a' + i)}, 100)
-		r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), &inl)
-		r.seq += uint32(len(p))
-		want = append(want, p...)
-	}
+	send := func(i int) { want = append(want, r.batchData(&inl, i)...) }
 	acks := func() (n int) {
 		for seg := r.next(); seg != nil; seg = r.next() {
 			if seg.Flags().Contains(header.TCPFlagAck) {
