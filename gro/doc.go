@@ -58,6 +58,34 @@
 // one (rx_gro_csum_sw), a bad one goes up unmerged and unverified
 // (rx_gro_csum_bad) for the stack to drop and count.
 //
+// # Tunnels
+//
+// With Config.VXLANPorts, a UDP datagram to one of those ports is a VXLAN
+// packet (RFC 7348), as one to a port with a vxlan socket is in the kernel,
+// and the TCP segment it carries is merged before the tunnel is terminated,
+// as Linux 6.18 does it (vxlan.go names each function of the path:
+// udp4_gro_receive, udp6_gro_receive, udp_gro_receive, vxlan_gro_receive,
+// eth_gro_receive, then the inner inet_gro_receive or ipv6_gro_receive and
+// tcp_gro_receive; udp_gro_complete, vxlan_gro_complete, eth_gro_complete
+// on the way back). Its flow is told apart by every layer: the outer
+// Ethernet header, addresses (and IPv6 flow label and extension headers),
+// UDP ports and the zeroness of the UDP checksum, the VXLAN header's flags
+// and VNI, the inner Ethernet header, and the inner addresses and ports;
+// both IP headers must keep their TTL, TOS (or traffic class and hop
+// limit) and DF, and both IPv4 IDs stay fixed or go up by one per segment,
+// each as its own second segment decides (ip_fixedid's two bits). An outer
+// UDP checksum is checked in software for a CHECKSUM_NONE packet, a zero
+// one is allowed; the inner TCP checksum is then checked from the same sum.
+// A VXLAN packet that carries anything but TCP over IPv4 or IPv6 (UDP,
+// ARP, ICMP) goes up at once and flushes nothing, as in the kernel. A
+// merged VXLAN packet keeps its outer headers first, with the outer IP
+// length (and IPv4 header checksum), the outer UDP length and the inner IP
+// length (and checksum) fixed, HdrLen at its inner TCP payload, Segs and
+// GSOSize as for plain TCP; Encap says where its inner headers are and its
+// GSO type (SKB_GSO_UDP_TUNNEL or _CSUM with TCPV4 or TCPV6), for the
+// stack, which decapsulates it after GRO as vxlan_rcv does. With no port
+// configured nothing of this runs, and UDP to any port is merged as UDP.
+//
 // TestKernelDiff checks this against the running kernel: seeded random
 // sequences of TCP segments over several flows go through a veth with the
 // kernel's GRO on and through the engine, and the packet boundaries (payload
@@ -85,9 +113,23 @@
 //   - Adjacent frags on one page are coalesced (the SHAMPO coalescing patch's hardware GRO
 //     placement); skb_gro_receive never coalesces, so its packets reach
 //     MAX_SKB_FRAGS sooner.
-//   - No tunnels (inet_gro_receive's IPIP, GRE, UDP tunnels), no fraglist
-//     GRO (NETIF_F_GRO_FRAGLIST), no BIG TCP: merged packets end at 64 KB
-//     (GRO_LEGACY_MAX_SIZE) or MaxSize.
+//   - No tunnels but VXLAN (not inet_gro_receive's IPIP or GRE, nor
+//     GENEVE, FOU or VXLAN-GPE), no fraglist GRO (NETIF_F_GRO_FRAGLIST),
+//     no BIG TCP: merged packets end at 64 KB (GRO_LEGACY_MAX_SIZE) or
+//     MaxSize, a VXLAN packet's outer IP length included.
+//   - VXLAN: a port is a tunnel port over IPv4 and IPv6 alike (the kernel
+//     has a socket per family); remote checksum offload (VXLAN_HF_RCO) is
+//     not done, the RCO bit is compared as a flag; an inner VLAN-tagged or
+//     Ethernet-in-Ethernet frame goes up at once (the kernel's
+//     vlan_gro_receive would merge it); the inner UDP checksum of an
+//     inner UDP datagram, which goes up unmerged, is not checked; a VXLAN
+//     packet whose UDP, VXLAN or inner Ethernet and IP headers are not
+//     all in the header copy goes up at once. CsumVerified stands for a
+//     CHECKSUM_UNNECESSARY whose csum_level covers the inner checksum too
+//     (mlx5's csum_level 1 for a tunnelled packet); a packet whose NIC
+//     verified the outer checksum only is CHECKSUM_NONE here, checked in
+//     software, where the kernel would hand it up unmerged if its outer
+//     checksum is not zero.
 //   - IPv6 extension headers are compared by a 64-bit hash, not memcmp.
 //   - A packet whose linear part holds less than its headers, or whose
 //     HdrLen the NIC parsed otherwise, flushes the flow and goes up (the

@@ -47,6 +47,14 @@ type Config struct {
 	// a TUN device's (driver.Config.L3). The flow key then has no MAC
 	// addresses.
 	L3 bool
+	// VXLANPorts are the UDP destination ports of VXLAN tunnels (RFC
+	// 7348; VXLANPort, 4789, is IANA's), as a vxlan device's socket binds
+	// one in the kernel: over IPv4 and IPv6 outer headers alike, a UDP
+	// datagram to one of them goes to vxlan_gro_receive instead of UDP
+	// GRO, and the TCP segments it carries are merged before the tunnel is
+	// terminated (see the package documentation, Tunnels). Empty: no
+	// tunnel GRO, and UDP to any port is merged as UDP.
+	VXLANPorts []uint16
 }
 
 // entry is one held packet: the head of a merged packet, its chain's tail,
@@ -68,6 +76,17 @@ type entry struct {
 	flags   uint8  // TCP: FIN and PSH of merged segments, set in the head at flush
 	v6      bool
 	proto   uint8
+
+	// A VXLAN packet (tun): the fields above are its inner packet's
+	// (l4 its inner TCP header, id its inner IPv4 ID, v6 its inner
+	// version; ipLen is the outer IP length), these its outer layer's.
+	tun      bool
+	ov6      bool   // outer IPv6
+	ofixedID bool   // outer IPv4: the ID stays fixed (ip_fixedid's bit 0; fixedID is bit 1)
+	oid      uint16 // outer IPv4: the head's identification
+	ol4      int    // offset of the outer UDP header
+	inner    int    // offset of the inner IP header
+	tkey     tunKey
 }
 
 // bucket holds the entries of one hash bucket, oldest first.
@@ -76,11 +95,12 @@ type bucket struct {
 	ents [bucketCap]entry
 }
 
-// find returns the index of the entry of flow k, or -1.
-func (b *bucket) find(k *flowKey) int {
+// find returns the index of the entry of flow k, or -1. A tunnelled
+// flow's key (keyTunnel) names its inner flow; t names its outer flow.
+func (b *bucket) find(k *flowKey, t *tunKey) int {
 	for i := 0; i < b.n; i++ {
 		if o := &b.ents[i].key; o.e == k.e && o.a == k.a && o.b == k.b && o.c == k.c && o.d == k.d &&
-			o.f == k.f && o.g == k.g && o.h == k.h {
+			o.f == k.f && o.g == k.g && o.h == k.h && (k.e&keyTunnel == 0 || b.ents[i].tkey == *t) {
 			return i
 		}
 	}
@@ -96,6 +116,7 @@ type Engine struct {
 	l2      int   // the IP header's offset: the Ethernet header's length, 0 with Config.L3
 	timeout int64 // FlushTimeout in ns; 0 flushes at each batch end
 	maxSize int
+	vxPorts []uint16 // Config.VXLANPorts; read only, so Encap may read it anywhere
 
 	held    int
 	heldMax int
@@ -109,6 +130,9 @@ func New(cfg Config, sink Sink) *Engine {
 	e := &Engine{sink: sink, timeout: int64(max(cfg.FlushTimeout, 0)), maxSize: cfg.MaxSize, l2: header.EthernetMinimumSize}
 	if cfg.L3 {
 		e.l2 = 0
+	}
+	if len(cfg.VXLANPorts) > 0 {
+		e.vxPorts = append([]uint16(nil), cfg.VXLANPorts...)
 	}
 	if e.maxSize <= 0 || e.maxSize > maxIPLen {
 		e.maxSize = maxIPLen
@@ -131,7 +155,7 @@ func (e *Engine) Held() int { return e.held }
 // first. now is a monotonic clock in ns, the same clock that EndBatch and
 // FlushOlderThan are given.
 func (e *Engine) Receive(p *bufpool.Packet, now int64) {
-	s := segInfo{l2: e.l2}
+	s := segInfo{l2: e.l2, vxPorts: e.vxPorts}
 	switch parse(p, &s) {
 	case passOther:
 		// Up at once, ahead of whatever is held, as dev_gro_receive's
@@ -139,21 +163,21 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		if s.csum == csumBad {
 			e.stats.CsumBad.Add(1)
 		}
-		e.pass(p)
+		e.pass(p, &s)
 		return
 	case passFlow:
-		b := &e.buckets[bucketOf(p, &s.key)]
-		if i := b.find(&s.key); i >= 0 {
+		b := &e.buckets[bucketOf(p, &s)]
+		if i := b.find(&s.key, &s.tkey); i >= 0 {
 			e.flush(b, i, flushMismatch)
 		}
-		e.pass(p)
+		e.pass(p, &s)
 		return
 	}
 	if s.csum == csumGood {
 		e.stats.CsumSoftware.Add(1)
 	}
-	b := &e.buckets[bucketOf(p, &s.key)]
-	if i := b.find(&s.key); i >= 0 {
+	b := &e.buckets[bucketOf(p, &s)]
+	if i := b.find(&s.key, &s.tkey); i >= 0 {
 		ent := &b.ents[i]
 		var merged, done bool
 		var why flushReason
@@ -176,7 +200,7 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		// packet whose last segment is short ("len !=
 		// NAPI_GRO_CB(skb)->count * skb_shinfo(skb)->gso_size") goes up
 		// on its own.
-		e.pass(p)
+		e.pass(p, &s)
 		return
 	}
 	e.hold(b, p, &s, now)
@@ -190,11 +214,18 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 // packet of a flow lands in one bucket as long as the flow's packets all
 // have a hash or all have none (a NIC hashes every TCP and UDP packet that
 // is not a fragment, and GRO merges no fragment).
-func bucketOf(p *bufpool.Packet, k *flowKey) int {
+//
+// A VXLAN packet's RSS hash is its outer headers' (whose UDP source port
+// the sender set from the inner flow's hash); without one, its inner and
+// outer keys are mixed (flowKey.bucket).
+func bucketOf(p *bufpool.Packet, s *segInfo) int {
 	if p.HashType != bufpool.HashNone {
 		return int(p.Hash & (numBuckets - 1))
 	}
-	return k.bucket()
+	if s.tun {
+		return bucketOfSum(s.key.sum() ^ s.tkey.k.sum()*0x9e3779b97f4a7c15 ^ s.tkey.vx)
+	}
+	return s.key.bucket()
 }
 
 // EndBatch ends a poll batch: with FlushTimeout 0 it hands up everything
@@ -226,9 +257,12 @@ func (e *Engine) FlushOlderThan(age time.Duration, now int64) {
 	}
 }
 
-// pass hands p up untouched.
-func (e *Engine) pass(p *bufpool.Packet) {
+// pass hands p, parsed into s, up untouched.
+func (e *Engine) pass(p *bufpool.Packet, s *segInfo) {
 	e.stats.Passthrough.Add(1)
+	if s.vxlan {
+		e.stats.TunnelPassthrough.Add(1)
+	}
 	e.sink.Deliver(p)
 }
 
@@ -255,6 +289,12 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 		id:      s.id,
 		v6:      s.v6,
 		proto:   s.proto,
+		tun:     s.tun,
+		ov6:     s.ov6,
+		oid:     s.oid,
+		ol4:     s.ol4,
+		inner:   s.inner,
+		tkey:    s.tkey,
 	}
 	b.n++
 	e.held++
@@ -351,10 +391,26 @@ func (e *Engine) mergeUDP(ent *entry, p *bufpool.Packet, s *segInfo) (merged, do
 // same TTL, TOS and DF, and an ID that goes up by one per segment or stays
 // fixed, as the second segment decides, DF or not) and ipv6_gro_flush for
 // IPv6 (the same traffic class and hop limit; the flow label is part of the
-// flow). It records the ID pattern when it is decided.
+// flow). It records the ID pattern when it is decided. For a VXLAN packet
+// ("if (NAPI_GRO_CB(p)->encap_mark)") both the outer header
+// (network_offsets[0]) and the inner one (network_offsets[1]) are checked,
+// each with its own bit of ip_fixedid ("ip_fixedid |= 1 << inner"): an
+// outer ID, too, must be fixed or go up by one per segment.
 func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
-	ip := e.l2
-	if ent.v6 {
+	if ent.tun {
+		outer := sameIP(h, n, e.l2, ent.ov6, s.oid-ent.oid, ent.segs, &ent.ofixedID)
+		inner := sameIP(h, n, ent.inner, ent.v6, s.id-ent.id, ent.segs, &ent.fixedID)
+		return outer && inner
+	}
+	return sameIP(h, n, e.l2, ent.v6, s.id-ent.id, ent.segs, &ent.fixedID)
+}
+
+// sameIP is __gro_receive_network_flush (negated) for the IP headers at ip
+// of the held packet h and the segment n: off is n's IPv4 ID less h's, segs
+// the segments merged so far (NAPI_GRO_CB(p)->count), fixed the flow's
+// ip_fixedid bit of this header.
+func sameIP(h, n []byte, ip int, v6 bool, off uint16, segs int, fixed *bool) bool {
+	if v6 {
 		// "first_word & htonl(0x0FF00000)", "iph->hop_limit ^
 		// iph2->hop_limit".
 		return (be32(h[ip:])^be32(n[ip:]))&0x0ff00000 == 0 && h[ip+7] == n[ip+7]
@@ -364,17 +420,17 @@ func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
 	if h[tos] != n[tos] || h[ttl] != n[ttl] || (h[flags]^n[flags])&df != 0 {
 		return false
 	}
-	// "if (count == 1 && !ipid_offset) NAPI_GRO_CB(p)->ip_fixedid |= 1";
-	// "return ipid_offset ^ (count * !NAPI_GRO_CB(p)->ip_fixedid)". count
-	// counts the segments merged so far, a GSO packet's all of them.
-	off := s.id - ent.id
-	if ent.segs == 1 && off == 0 {
-		ent.fixedID = true
+	// "if (count == 1 && !ipid_offset) NAPI_GRO_CB(p)->ip_fixedid |= 1
+	// << inner"; "return ipid_offset ^ (count *
+	// !(NAPI_GRO_CB(p)->ip_fixedid & (1 << inner)))". count counts the
+	// segments merged so far, a GSO packet's all of them.
+	if segs == 1 && off == 0 {
+		*fixed = true
 	}
-	if ent.fixedID {
+	if *fixed {
 		return off == 0
 	}
-	return off == uint16(ent.segs)
+	return off == uint16(segs)
 }
 
 // append moves p's payload to ent as skb_gro_receive does: by frags, onto
@@ -484,13 +540,13 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 	h := ent.head
 	if ent.segs > 1 {
 		l := h.Linear
-		if ent.v6 {
+		switch {
+		case ent.tun:
+			e.completeTunnel(ent, l)
+		case ent.v6:
 			be16put(l[e.l2+4:], uint16(ent.ipLen-ipv6HdrLen))
-		} else {
-			ip := l[e.l2 : e.l2+ipv4HdrLen]
-			be16put(ip[2:], uint16(ent.ipLen))
-			be16put(ip[10:], 0)
-			be16put(ip[10:], ^hdr.IPv4HeaderSum(ip))
+		default:
+			setIPv4Len(l[e.l2:e.l2+ipv4HdrLen], ent.ipLen)
 		}
 		if ent.proto == protoTCP {
 			// The TCP checksum is left stale: the packet is
@@ -504,10 +560,50 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 		e.stats.Packets.Add(uint64(ent.segs))
 		e.stats.SKBs.Add(1)
 		e.stats.Bytes.Add(uint64(e.l2 + ent.ipLen))
+		if ent.tun {
+			e.stats.TunnelPackets.Add(uint64(ent.segs))
+			e.stats.TunnelSKBs.Add(1)
+			e.stats.TunnelBytes.Add(uint64(e.l2 + ent.ipLen))
+		}
 	}
 	e.stats.SegsHist[segsBucket(ent.segs)].Add(1)
 	e.stats.flushCounter(why).Add(1)
 	e.sink.Deliver(h)
+}
+
+// completeTunnel fixes the lengths of a merged VXLAN packet, whose linear
+// part is l, at both levels, outermost first as the gro_complete chain
+// does: inet_gro_complete (the outer IPv4 total length and header
+// checksum) or ipv6_gro_complete (the outer payload length);
+// udp4_gro_complete or udp6_gro_complete and udp_gro_complete (the outer
+// UDP length; skb->encapsulation and SKB_GSO_UDP_TUNNEL or _CSUM, which
+// Encap reports); vxlan_gro_complete and eth_gro_complete (no field to
+// fix); inet_gro_complete or ipv6_gro_complete for the inner header. The
+// TCP flags are complete's, as tcp_gro_receive set them. Checksums are left
+// as they came, as for a plain packet: the packet is CsumVerified (the
+// kernel's CHECKSUM_UNNECESSARY), and a zero outer UDP checksum stays zero,
+// no checksum.
+func (e *Engine) completeTunnel(ent *entry, l []byte) {
+	if ent.ov6 {
+		be16put(l[e.l2+4:], uint16(ent.ipLen-ipv6HdrLen))
+	} else {
+		setIPv4Len(l[e.l2:e.l2+ipv4HdrLen], ent.ipLen)
+	}
+	be16put(l[ent.ol4+4:], uint16(ent.ipLen-(ent.ol4-e.l2)))
+	innerLen := ent.ipLen - (ent.inner - e.l2)
+	if ent.v6 {
+		be16put(l[ent.inner+4:], uint16(innerLen-ipv6HdrLen))
+	} else {
+		setIPv4Len(l[ent.inner:ent.inner+ipv4HdrLen], innerLen)
+	}
+}
+
+// setIPv4Len sets the total length of the IPv4 header ip to n and its
+// header checksum (inet_gro_complete: "iph_set_totlen", "csum_replace2").
+func setIPv4Len(ip []byte, n int) {
+	be16put(ip[2:], uint16(n))
+	be16put(ip[10:], 0)
+	be16put(ip[10:], ^hdr.IPv4HeaderSum(ip))
 }
 
 func be16put(b []byte, v uint16) { b[0], b[1] = byte(v>>8), byte(v) }

@@ -2,6 +2,7 @@ package gro
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"github.com/ustack/ustack/internal/testutil"
 	"testing"
@@ -191,6 +192,32 @@ type seg struct {
 	unver  bool   // checksums not verified
 	badL4  bool   // TCP or UDP checksum wrong
 	dst6   byte   // IPv6: a destination options header whose option data is this byte (0: none)
+
+	// vx carries the frame described above (its Ethernet header's source
+	// MAC then imac) in VXLAN (RFC 7348) over UDP over an outer IP header
+	// (IPv6 with ov6) in an outer Ethernet frame whose source MAC is mac;
+	// pad pads the outer frame. The outer fields:
+	vx      bool
+	ov6     bool
+	plain   bool   // a rule's segment that the VXLAN runner leaves unwrapped
+	imac    byte   // inner source MAC; 0: 1
+	vni     uint32 // 0: 42
+	oport   uint16 // outer UDP source port; 0: 50000
+	dport   uint16 // outer UDP destination port; 0: VXLANPort
+	vxFlags uint32 // VXLAN flags word; 0: 0x08000000 (I)
+	ottl    uint8  // outer TTL or hop limit; 0: 64
+	otos    uint8  // outer TOS or traffic class
+	oid     uint16 // outer IPv4 ID, with osetID (else incrementing per flow)
+	osetID  bool
+	onoDF   bool   // outer IPv4 DF clear
+	olabel  uint32 // outer IPv6 flow label; 0: 0x6789a
+	ocsum0  bool   // outer UDP checksum 0
+	obadL4  bool   // outer UDP checksum wrong
+	obadSum bool   // outer IPv4 header checksum wrong
+	oevil   bool   // outer IPv4 reserved flag
+	ofrag   bool   // outer IPv4 MF
+	oipOpts bool   // outer IPv4 router alert option
+	hash    uint32 // an RSS hash (HashL4) the packet carries, if not 0
 }
 
 // flowID names a test flow for running sequence numbers and IDs.
@@ -198,11 +225,17 @@ type flowID struct {
 	v6, udp, icmp, arp bool
 	sport              uint16
 	src                byte
+	// A VXLAN flow's outer identity.
+	vx, ov6, ocsum0 bool
+	vni             uint32
+	oport           uint16
+	mac, imac       byte
 }
 
 type flowState struct {
 	seq uint32
 	id  uint16
+	oid uint16 // outer IPv4 ID
 }
 
 // builder builds the frames of one test, keeping each flow's next sequence
@@ -221,6 +254,9 @@ type built struct {
 	payload []byte
 	seg     seg
 	seq     uint32
+	// A VXLAN frame's offsets: the outer UDP header, the inner IP header,
+	// the inner L4 header.
+	ol4, inner, l4 int
 }
 
 // payloadPattern fills b with bytes unique to frame k, so that misordered or
@@ -256,17 +292,30 @@ func (s *seg) addrs() (src, dst tcpip.Address) {
 
 // build encodes s with gVisor's header encoders.
 func (bd *builder) build(s seg) built {
-	k := bd.n
-	bd.n++
 	if s.sport == 0 {
 		s.sport = 1000
 	}
-	fid := flowID{s.v6, s.udp, s.icmp, s.arp, s.sport, s.src}
+	fid := flowID{v6: s.v6, udp: s.udp, icmp: s.icmp, arp: s.arp, sport: s.sport, src: s.src}
+	if s.vx {
+		fid.vx, fid.ov6, fid.ocsum0, fid.vni, fid.oport, fid.mac, fid.imac = true, s.ov6, s.ocsum0, s.vni, s.oport, s.mac, s.imac
+	}
 	fs := bd.flows[fid]
 	if fs == nil {
-		fs = &flowState{seq: 1_000_000, id: 100}
+		fs = &flowState{seq: 1_000_000, id: 100, oid: 3000}
 		bd.flows[fid] = fs
 	}
+	if s.vx {
+		in := s
+		in.vx, in.mac, in.pad = false, s.imac, 0
+		return bd.wrapVXLAN(bd.buildFlow(in, fs), s, fs)
+	}
+	return bd.buildFlow(s, fs)
+}
+
+// buildFlow encodes s, a frame of the flow whose state is fs.
+func (bd *builder) buildFlow(s seg, fs *flowState) built {
+	k := bd.n
+	bd.n++
 	payload := make([]byte, s.n)
 	payloadPattern(payload, k)
 	mac := s.mac
@@ -448,7 +497,127 @@ func (bd *builder) build(s seg) built {
 			fs.seq++
 		}
 	}
-	return built{frame: f, hlen: hlen, payload: payload, seg: s, seq: seq}
+	return built{frame: f, hlen: hlen, payload: payload, seg: s, seq: seq,
+		inner: header.EthernetMinimumSize, l4: header.EthernetMinimumSize + ipLen}
+}
+
+// Outer addresses of VXLAN test frames.
+var (
+	outerSrc4, outerDst4 = tcpip.AddrFrom4([4]byte{172, 16, 0, 1}), tcpip.AddrFrom4([4]byte{172, 16, 0, 2})
+	outerSrc6            = tcpip.AddrFrom16([16]byte{0xfd, 0, 0, 1, 15: 1})
+	outerDst6            = tcpip.AddrFrom16([16]byte{0xfd, 0, 0, 1, 15: 2})
+)
+
+// wrapVXLAN encapsulates in, an Ethernet frame, in VXLAN per s's outer
+// fields, the next frame of the flow whose state is fs.
+func (bd *builder) wrapVXLAN(in built, s seg, fs *flowState) built {
+	ipLen := header.IPv4MinimumSize
+	var ipOpts header.IPv4OptionsSerializer
+	switch {
+	case s.ov6:
+		ipLen = header.IPv6MinimumSize
+	case s.oipOpts:
+		ipOpts = header.IPv4OptionsSerializer{&header.IPv4SerializableRouterAlertOption{}}
+		ipLen += int(ipOpts.Length())
+	}
+	l2 := header.EthernetMinimumSize
+	ol4 := l2 + ipLen
+	udpLen := header.UDPMinimumSize + vxlanHdrLen + len(in.frame)
+	f := make([]byte, ol4+udpLen+s.pad)
+	mac := s.mac
+	if mac == 0 {
+		mac = 1
+	}
+	ethType := header.IPv4ProtocolNumber
+	if s.ov6 {
+		ethType = header.IPv6ProtocolNumber
+	}
+	header.Ethernet(f).Encode(&header.EthernetFields{
+		SrcAddr: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, mac}),
+		DstAddr: tcpip.LinkAddress([]byte{2, 0, 0, 0, 0, 0xee}),
+		Type:    ethType,
+	})
+	ttl := s.ottl
+	if ttl == 0 {
+		ttl = 64
+	}
+	src, dst := outerSrc4, outerDst4
+	if s.ov6 {
+		src, dst = outerSrc6, outerDst6
+		label := s.olabel
+		if label == 0 {
+			label = 0x6789a
+		}
+		header.IPv6(f[l2:]).Encode(&header.IPv6Fields{
+			TrafficClass:      s.otos,
+			FlowLabel:         label,
+			PayloadLength:     uint16(udpLen),
+			TransportProtocol: header.UDPProtocolNumber,
+			HopLimit:          ttl,
+			SrcAddr:           src,
+			DstAddr:           dst,
+		})
+	} else {
+		id := fs.oid
+		if s.osetID {
+			id = s.oid
+		}
+		fs.oid = id + 1
+		var flags uint8
+		if !s.onoDF {
+			flags |= header.IPv4FlagDontFragment
+		}
+		if s.ofrag {
+			flags |= header.IPv4FlagMoreFragments
+		}
+		if s.oevil {
+			flags |= 4
+		}
+		h := header.IPv4(f[l2:])
+		h.Encode(&header.IPv4Fields{
+			TOS: s.otos, TotalLength: uint16(ipLen + udpLen), ID: id, Flags: flags, TTL: ttl,
+			Protocol: uint8(header.UDPProtocolNumber), SrcAddr: src, DstAddr: dst, Options: ipOpts,
+		})
+		h.SetChecksum(^h.CalculateChecksum())
+		if s.obadSum {
+			h.SetChecksum(h.Checksum() ^ 0x0101)
+		}
+	}
+	oport, dport := s.oport, s.dport
+	if oport == 0 {
+		oport = 50000
+	}
+	if dport == 0 {
+		dport = VXLANPort
+	}
+	vxFlags, vni := s.vxFlags, s.vni
+	if vxFlags == 0 {
+		vxFlags = 0x08000000
+	}
+	if vni == 0 {
+		vni = 42
+	}
+	vx := f[ol4+header.UDPMinimumSize:]
+	binary.BigEndian.PutUint32(vx, vxFlags)
+	binary.BigEndian.PutUint32(vx[4:], vni<<8)
+	copy(vx[vxlanHdrLen:], in.frame)
+	u := header.UDP(f[ol4 : ol4+udpLen])
+	u.Encode(&header.UDPFields{SrcPort: oport, DstPort: dport, Length: uint16(udpLen)})
+	if !s.ocsum0 {
+		xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, src, dst, uint16(udpLen))
+		xsum = checksum.Checksum(u[header.UDPMinimumSize:], xsum)
+		c := ^u.CalculateChecksum(xsum)
+		if c == 0 {
+			c = 0xffff
+		}
+		if s.obadL4 {
+			c ^= 0x0100
+		}
+		u.SetChecksum(c)
+	}
+	off := ol4 + header.UDPMinimumSize + vxlanHdrLen
+	return built{frame: f, hlen: off + in.hlen, payload: in.payload, seg: s, seq: in.seq,
+		ol4: ol4, inner: off + in.inner, l4: off + in.l4}
 }
 
 // packet cuts b into a packet on w per l and s's metadata overrides.
@@ -463,6 +632,9 @@ func (b built) packet(w *wire, l layout) *bufpool.Packet {
 	p := w.packet(b.frame, b.hlen, linear, l)
 	p.HdrLen += b.seg.hdrAdj
 	p.CsumVerified = !b.seg.unver
+	if b.seg.hash != 0 {
+		p.Hash, p.HashType = b.seg.hash, bufpool.HashL4
+	}
 	if b.seg.lro > 0 {
 		// An LRO super-frame, as the driver hands one up: its gso_size
 		// and segment count.
@@ -497,6 +669,9 @@ func checkMerged(p *bufpool.Packet, ins []built) error {
 			return fmt.Errorf("Segs: got %d, want %d", p.Segs, want)
 		}
 		return nil
+	}
+	if ins[0].seg.vx {
+		return checkMergedVX(p, ins)
 	}
 	var want []byte
 	for _, in := range ins {

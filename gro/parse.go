@@ -111,6 +111,26 @@ type segInfo struct {
 	// csum is what GRO's software check of a CHECKSUM_NONE packet found:
 	// csumNone if it did not check.
 	csum csumResult
+
+	// vxPorts are the engine's VXLAN ports (Config.VXLANPorts).
+	vxPorts []uint16
+	// vxlan: a UDP datagram to one of vxPorts, which the kernel hands to
+	// the vxlan socket's gro_receive (udp_gro_receive).
+	vxlan bool
+	// tun: a VXLAN packet parsed past its VXLAN header; then key, v6,
+	// proto, id, l4, hlen and payload are the inner packet's, and the
+	// fields below the outer one's.
+	tun   bool
+	tkey  tunKey // the outer flow: outer addresses, ports, Ethernet, VXLAN header
+	ov6   bool   // outer IPv6
+	oid   uint16 // outer IPv4 identification
+	ol4   int    // offset of the outer UDP header
+	inner int    // offset of the inner IP header
+	// osum is the one's complement sum of the bytes from the outer UDP
+	// header to the end, valid with osumOK: the outer checksum was
+	// checked in software and the inner one is checked from it.
+	osum   uint16
+	osumOK bool
 }
 
 // csumResult is the outcome of GRO's software checksum check.
@@ -143,9 +163,9 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 		}
 		switch b[0] >> 4 {
 		case header.IPv4Version:
-			return parse4(p, b, s)
+			return parse4(p, b, s, 0, false)
 		case header.IPv6Version:
-			return parse6(p, b, s)
+			return parse6(p, b, s, 0, false)
 		}
 		return passOther
 	}
@@ -161,9 +181,9 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 		}
 		switch b[s.l2] >> 4 {
 		case header.IPv4Version:
-			return parse4(p, b, s)
+			return parse4(p, b, s, s.l2, false)
 		case header.IPv6Version:
-			return parse6(p, b, s)
+			return parse6(p, b, s, s.l2, false)
 		}
 		return passOther
 	}
@@ -173,38 +193,47 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 	}
 	switch header.Ethernet(b).Type() {
 	case header.IPv4ProtocolNumber:
-		return parse4(p, b, s)
+		return parse4(p, b, s, s.l2, false)
 	case header.IPv6ProtocolNumber:
-		return parse6(p, b, s)
+		return parse6(p, b, s, s.l2, false)
 	}
 	return passOther
 }
 
 // macKey returns the Ethernet addresses of the frame b for a flow key's f
-// and g (the upper half), or zeros for a TUN's packet, which has none.
-func macKey(b []byte, l2 int) (f, g uint64) {
-	if l2 == 0 {
+// and g (the upper half), or zeros for a TUN's packet, which has none. For
+// the inner packet of a VXLAN packet (s.tun) they are the inner Ethernet
+// header's, before the inner IP header at ip (eth_gro_receive:
+// compare_ether_header).
+func macKey(b []byte, s *segInfo, ip int) (f, g uint64) {
+	if s.tun {
+		m := b[ip-header.EthernetMinimumSize:]
+		return be64(m), uint64(be32(m[8:])) << 32
+	}
+	if s.l2 == 0 {
 		return 0, 0
 	}
 	return be64(b), uint64(be32(b[8:])) << 32
 }
 
-// parse4 parses an IPv4 packet (RFC 791 section 3.1) as inet_gro_receive
-// does.
-func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
-	if len(b) < s.l2+ipv4HdrLen {
+// parse4 parses an IPv4 packet (RFC 791 section 3.1) at offset at of b as
+// inet_gro_receive does: the packet's own, or a VXLAN packet's inner one
+// (s.tun). flush is NAPI_GRO_CB(skb)->flush as the outer layers left it.
+func parse4(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict {
+	if len(b) < at+ipv4HdrLen {
 		return passOther
 	}
 	// The fixed header only: the one GRO merges (one with options is
 	// handed up), and a view of known length needs no further bounds check.
-	ip := header.IPv4(b[s.l2 : s.l2+ipv4HdrLen])
+	ip := header.IPv4(b[at : at+ipv4HdrLen])
 	proto := ip.Protocol()
 	if proto != protoTCP && proto != protoUDP {
 		// inet_offloads[proto] has no gro_receive (ustack merges no
-		// tunnel).
+		// tunnel but VXLAN, and none of an inner packet: ipip_gro_receive
+		// and gre_gro_receive flush one that carries encap_mark).
 		return passOther
 	}
-	if b[s.l2] != 0x45 || hdr.IsIPv4Fragment(ip) || hdr.IPv4HeaderSum(ip) != 0xffff {
+	if b[at] != 0x45 || hdr.IsIPv4Fragment(ip) || hdr.IPv4HeaderSum(ip) != 0xffff {
 		// inet_gro_receive: "*(u8 *)iph != 0x45" (IP options, or not
 		// version 4), ip_is_fragment, ip_fast_csum.
 		return passOther
@@ -212,11 +241,14 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	s.v6, s.proto = false, proto
 	// The Ethernet header is part of the flow (gro_list_prepare:
 	// compare_ether_header): destination and source in f and g.
-	f, g := macKey(b, s.l2)
+	f, g := macKey(b, s, at)
 	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice())),
 		f: f, g: g}
 	s.key.setProto(4, proto)
-	s.l4 = s.l2 + ipv4HdrLen
+	if s.tun {
+		s.key.e |= keyTunnel
+	}
+	s.l4 = at + ipv4HdrLen
 	s.id = ip.ID()
 	tot := int(ip.TotalLength())
 	// inet_gro_receive's flush: "(ntohl(*(__be32 *)iph) ^
@@ -224,25 +256,27 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	// length is not the frame's (padding), or the reserved flag is set
 	// (MF and the offset were handed up above).
 	n := frameLen(p)
-	ipFlush := tot != n-s.l2 || ip.Flags()&ipv4FlagReserved != 0
+	ipFlush := flush || tot != n-at || ip.Flags()&ipv4FlagReserved != 0
 	return parseL4(p, b, s, ip.SourceAddressSlice(), ip.DestinationAddressSlice(), n, ipFlush)
 }
 
-// parse6 parses an IPv6 packet (RFC 8200 section 3) as ipv6_gro_receive
-// does: the extension headers ipv6_gro_pull_exthdrs walks (hop-by-hop,
-// routing, destination options: INET6_PROTO_GSO_EXTHDR) are part of the
-// flow, byte for byte; any other (a fragment header) is handed up.
-func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
-	if len(b) < s.l2+ipv6HdrLen {
+// parse6 parses an IPv6 packet (RFC 8200 section 3) at offset at of b as
+// ipv6_gro_receive does: the extension headers ipv6_gro_pull_exthdrs walks
+// (hop-by-hop, routing, destination options: INET6_PROTO_GSO_EXTHDR) are
+// part of the flow, byte for byte; any other (a fragment header) is handed
+// up. The packet is the frame's own or a VXLAN packet's inner one
+// (s.tun); flush is as for parse4.
+func parse6(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict {
+	if len(b) < at+ipv6HdrLen {
 		return passOther
 	}
-	ip := header.IPv6(b[s.l2 : s.l2+ipv6HdrLen]) // the fixed header
+	ip := header.IPv6(b[at : at+ipv6HdrLen]) // the fixed header
 	if header.IPVersion(ip) != header.IPv6Version {
 		return passOther
 	}
 	first := ip.NextHeader()
 	nh := first
-	l4 := s.l2 + ipv6HdrLen
+	l4 := at + ipv6HdrLen
 	for i := 0; nh != protoTCP && nh != protoUDP; i++ {
 		if i == maxIPv6ExtHdrs || (nh != protoHopByHop && nh != protoRouting && nh != protoDestOpts) {
 			// A fragment header, or a protocol GRO has no handler for.
@@ -263,18 +297,21 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo) verdict {
 	// ipv6_gro_receive's same flow: "first_word & htonl(0xF00FFFFF)"
 	// (version and flow label), the addresses, the first next header and
 	// the extension headers' bytes (here by hash).
-	f, g := macKey(b, s.l2)
+	f, g := macKey(b, s, at)
 	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: f,
 		g: g | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
-	if ext := b[s.l2+ipv6HdrLen : l4]; len(ext) > 0 {
+	if ext := b[at+ipv6HdrLen : l4]; len(ext) > 0 {
 		s.key.h = extHash(ext)
 	}
 	s.key.setProto(6, nh)
+	if s.tun {
+		s.key.e |= keyTunnel
+	}
 	plen := int(ip.PayloadLength())
 	// ipv6_gro_receive's flush: "ntohs(iph->payload_len) !=
 	// skb_gro_len(skb)".
 	n := frameLen(p)
-	ipFlush := plen != n-s.l2-ipv6HdrLen
+	ipFlush := flush || plen != n-at-ipv6HdrLen
 	return parseL4(p, b, s, src, dst, n, ipFlush)
 }
 
@@ -302,6 +339,21 @@ func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ip
 		return passOther
 	}
 	s.key.setPorts(be32(b[s.l4:]))
+	if s.proto == protoUDP {
+		if s.tun {
+			// A VXLAN packet's inner UDP datagram: udp4_gro_receive or
+			// udp6_gro_receive, then udp_gro_receive with encap_mark set
+			// (another tunnel) or with no socket that asks for UDP GRO
+			// ("no GRO, be sure flush the current packet"): up at once,
+			// unmerged. (Its checksum is left to the stack; the kernel's
+			// udp4_gro_receive would check it first, which changes
+			// nothing but rx_gro_csum_bad.)
+			return passOther
+		}
+		if isVXLANPort(s.vxPorts, be16(b[s.l4+2:])) {
+			return parseVXLAN(p, b, s, src, dst, n, ipFlush)
+		}
+	}
 	if p.Next != nil {
 		// dev_gro_receive: "flush = skb_has_frag_list(skb)".
 		return passFlow
@@ -371,12 +423,46 @@ func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ip
 // s.l4 (header and payload, in the linear part and the frags) and the
 // pseudo-header is right (RFC 9293 section 3.1, RFC 768, RFC 8200 section
 // 8.1), and if so sets p.CsumVerified: __skb_gro_checksum_validate for a
-// CHECKSUM_NONE packet, which then counts as CHECKSUM_UNNECESSARY.
+// CHECKSUM_NONE packet, which then counts as CHECKSUM_UNNECESSARY. For the
+// inner segment of a VXLAN packet whose outer UDP checksum was checked
+// (s.osumOK) the sum of its bytes is the outer one's less the headers
+// between: __skb_gro_checksum_validate_complete with the csum_valid
+// NAPI_GRO_CB(skb)->csum that skb_gro_postpull_rcsum kept past each header
+// pulled, instead of a second pass over the payload.
 func l4Valid(p *bufpool.Packet, s *segInfo, src, dst []byte, l4Len int) bool {
-	sum := checksum.Checksum(src, 0)
+	var sum uint16
+	if s.osumOK {
+		// The headers are in the linear part, and an even number of
+		// bytes long (16 for UDP and VXLAN, 14 for Ethernet, 20 or a
+		// multiple of 8 for IP), so the bytes keep their parity.
+		sum = checksum.Combine(s.osum, ^checksum.Checksum(p.Linear[s.ol4:s.l4], 0))
+	} else {
+		sum = rawSum(p, s.l4)
+	}
+	if !pseudoValid(sum, src, dst, s.proto, l4Len) {
+		s.csum = csumBad
+		return false
+	}
+	s.csum = csumGood
+	p.CsumVerified = true
+	return true
+}
+
+// pseudoValid reports whether sum, the one's complement sum of a TCP or UDP
+// header and payload of l4Len bytes, with the pseudo-header of src, dst
+// and proto, makes a good checksum.
+func pseudoValid(sum uint16, src, dst []byte, proto uint8, l4Len int) bool {
+	sum = checksum.Checksum(src, sum)
 	sum = checksum.Checksum(dst, sum)
-	sum = checksum.Combine(sum, uint16(s.proto))
+	sum = checksum.Combine(sum, uint16(proto))
 	sum = checksum.Combine(sum, uint16(l4Len))
+	return sum == 0xffff
+}
+
+// rawSum returns the one's complement sum of p's bytes from offset off of
+// its linear part to its end (the linear part's rest, then the frags).
+func rawSum(p *bufpool.Packet, off int) uint16 {
+	var sum uint16
 	odd := false
 	add := func(c []byte) {
 		v := checksum.Checksum(c, 0)
@@ -386,17 +472,11 @@ func l4Valid(p *bufpool.Packet, s *segInfo, src, dst []byte, l4Len int) bool {
 		sum = checksum.Combine(sum, v)
 		odd = odd != (len(c)%2 == 1)
 	}
-	add(p.Linear[s.l4:])
+	add(p.Linear[off:])
 	for i := range p.Frags {
 		add(p.Frags[i].Bytes())
 	}
-	if sum != 0xffff {
-		s.csum = csumBad
-		return false
-	}
-	s.csum = csumGood
-	p.CsumVerified = true
-	return true
+	return sum
 }
 
 // frameLen returns the bytes in p's linear part and frags.

@@ -47,6 +47,24 @@ type Stats struct {
 	// handed up unmerged and unverified, for the stack to drop and count
 	// (its TCP or UDP checksum errors): rx_gro_csum_bad.
 	CsumBad atomic.Uint64
+
+	// Tunnel GRO (Config.VXLANPorts). TunnelPackets counts the wire
+	// frames that went into merged VXLAN packets (part of
+	// rx_gro_packets): rx_gro_tunnel_packets.
+	TunnelPackets atomic.Uint64
+	// TunnelBytes counts the bytes of merged VXLAN packets delivered, as
+	// rx_gro_bytes does (the outer Ethernet header and IP length; part of
+	// it): rx_gro_tunnel_bytes.
+	TunnelBytes atomic.Uint64
+	// TunnelSKBs counts merged VXLAN packets delivered (part of
+	// rx_gro_skbs): rx_gro_tunnel_skbs.
+	TunnelSKBs atomic.Uint64
+	// TunnelPassthrough counts UDP datagrams to a VXLAN port handed up at
+	// once, never held (part of rx_gro_passthrough): an inner packet that
+	// is not TCP over IPv4 or IPv6, a bad outer checksum, any packet the
+	// kernel's tunnel GRO would not look up or hold:
+	// rx_gro_tunnel_passthrough.
+	TunnelPassthrough atomic.Uint64
 }
 
 // numSegsBuckets is the number of segment-count histogram buckets.
@@ -102,6 +120,10 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_gro_passthrough", s.Passthrough.Load())
 	fn("rx_gro_csum_sw", s.CsumSoftware.Load())
 	fn("rx_gro_csum_bad", s.CsumBad.Load())
+	fn("rx_gro_tunnel_packets", s.TunnelPackets.Load())
+	fn("rx_gro_tunnel_bytes", s.TunnelBytes.Load())
+	fn("rx_gro_tunnel_skbs", s.TunnelSKBs.Load())
+	fn("rx_gro_tunnel_passthrough", s.TunnelPassthrough.Load())
 }
 
 // SegsAverage returns the mean number of wire frames per merged packet
