@@ -349,6 +349,13 @@ func runFuzz(t *testing.T, pool *bufpool.Pool, data []byte) {
 			receive(p)
 		}
 	}
+	sink.check(t, e, want, wantSegs, w, pool)
+}
+
+// check flushes e and asserts that every stream arrived whole and in order
+// (want, wantSegs: the payload and frames sent per stream), that nothing
+// else and no garbage frame came up, and that w's pages all came back.
+func (sink *fuzzSink) check(t *testing.T, e *Engine, want map[byte][]byte, wantSegs map[byte]int, w *wire, pool *bufpool.Pool) {
 	e.Flush()
 	if got := e.Held(); got != 0 {
 		t.Errorf("Held after Flush: got %d, want 0", got)

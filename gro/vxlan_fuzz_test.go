@@ -329,30 +329,7 @@ func runFuzzVX(t *testing.T, pool *bufpool.Pool, data []byte) *Stats {
 			receive(p)
 		}
 	}
-	e.Flush()
-	if got := e.Held(); got != 0 {
-		t.Errorf("Held after Flush: got %d, want 0", got)
-	}
-	for mac, wb := range want {
-		if gb := fs.got[mac]; !bytes.Equal(gb, wb) {
-			t.Errorf("stream %d: got %d payload bytes, want %d (or their order differs)", mac, len(gb), len(wb))
-		}
-		if fs.segs[mac] != wantSegs[mac] {
-			t.Errorf("stream %d: got %d frames, want %d", mac, fs.segs[mac], wantSegs[mac])
-		}
-	}
-	for mac := range fs.got {
-		if _, ok := want[mac]; !ok {
-			t.Errorf("stream %d: got bytes of a stream never sent", mac)
-		}
-	}
-	if len(fs.garbage) != 0 || len(fs.short) != 0 {
-		t.Errorf("garbage frames not handed up: %d, %d short", len(fs.garbage), len(fs.short))
-	}
-	w.close()
-	if got := pool.InUse(); got != 0 {
-		t.Errorf("pages in use after release: got %d, want 0", got)
-	}
+	fs.check(t, e, want, wantSegs, w, pool)
 	return e.Stats()
 }
 
