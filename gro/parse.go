@@ -275,21 +275,10 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict
 		return passOther
 	}
 	first := ip.NextHeader()
-	nh := first
-	l4 := at + ipv6HdrLen
-	for i := 0; nh != protoTCP && nh != protoUDP; i++ {
-		if i == maxIPv6ExtHdrs || (nh != protoHopByHop && nh != protoRouting && nh != protoDestOpts) {
-			// A fragment header, or a protocol GRO has no handler for.
-			return passOther
-		}
-		if len(b) < l4+2 {
-			return passOther
-		}
-		ext := hdr.IPv6Ext(b[l4 : l4+2])
-		nh = ext.NextHeader()
-		l4 += ext.Len()
-	}
-	if len(b) < l4 {
+	nh, l4 := ipv6Walk(b, at)
+	if nh != protoTCP && nh != protoUDP {
+		// A fragment header, a header past the copy, or a protocol GRO
+		// has no handler for.
 		return passOther
 	}
 	s.v6, s.proto, s.l4 = true, nh, l4
@@ -322,6 +311,30 @@ func extHash(b []byte) uint64 {
 		h = (h ^ uint64(c)) * 0x100000001b3
 	}
 	return h | 1 // never 0, which stands for none
+}
+
+// ipv6Walk returns the protocol after the IPv6 header at off of b and the
+// extension headers GRO walks (ipv6_gro_pull_exthdrs), and its offset; 0, 0
+// if the header or a walked extension header is not in b, or another
+// extension header (a fragment header) comes first.
+func ipv6Walk(b []byte, off int) (proto uint8, l4 int) {
+	if len(b) < off+ipv6HdrLen || b[off]>>4 != header.IPv6Version {
+		return 0, 0
+	}
+	nh := b[off+6]
+	l4 = off + ipv6HdrLen
+	for i := 0; nh == protoHopByHop || nh == protoRouting || nh == protoDestOpts; i++ {
+		if i == maxIPv6ExtHdrs || len(b) < l4+2 {
+			return 0, 0
+		}
+		ext := hdr.IPv6Ext(b[l4 : l4+2])
+		nh = ext.NextHeader()
+		l4 += ext.Len()
+	}
+	if nh == protoFragment || len(b) < l4 {
+		return 0, 0
+	}
+	return nh, l4
 }
 
 // parseL4 checks the TCP (RFC 9293 section 3.1) or UDP (RFC 768) header at

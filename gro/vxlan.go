@@ -278,27 +278,3 @@ func encapOf(p *bufpool.Packet, l2 int, ports []uint16) (Encap, bool) {
 	}
 	return en, true
 }
-
-// ipv6Walk returns the protocol after the IPv6 header at off of b and the
-// extension headers GRO walks (ipv6_gro_pull_exthdrs), and its offset; 0, 0
-// if the header or a walked extension header is not in b, or another
-// extension header (a fragment header) comes first.
-func ipv6Walk(b []byte, off int) (proto uint8, l4 int) {
-	if len(b) < off+ipv6HdrLen || b[off]>>4 != header.IPv6Version {
-		return 0, 0
-	}
-	nh := b[off+6]
-	l4 = off + ipv6HdrLen
-	for i := 0; nh == protoHopByHop || nh == protoRouting || nh == protoDestOpts; i++ {
-		if i == maxIPv6ExtHdrs || len(b) < l4+2 {
-			return 0, 0
-		}
-		ext := hdr.IPv6Ext(b[l4 : l4+2])
-		nh = ext.NextHeader()
-		l4 += ext.Len()
-	}
-	if nh == protoFragment || len(b) < l4 {
-		return 0, 0
-	}
-	return nh, l4
-}
