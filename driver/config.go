@@ -326,6 +326,17 @@ type Config struct {
 	// local addresses: such frames are handed up decapsulated. Off when
 	// it lists no address.
 	Tunnel TunnelConfig
+	// VXLANPorts are the UDP destination ports the NIC parses as VXLAN
+	// (RFC 7348), as mlx5 learns them from udp_tunnel_nic
+	// (mlx5e_vxlan_set_port): for such a frame the CQE's L3 and L4 types
+	// describe the inner packet, so the header copy estimate counts the
+	// inner headers (MinHeaderLen), and the driver pulls the whole header
+	// stack (outer through inner L4) into the linear part for GRO. With a
+	// wire that carries UDP tunnel GSO (TAPConfig.UDPTunnel) the NIC
+	// model cuts a tunnel super-frame into the frames the wire would have
+	// carried. The tunnel itself is terminated above GRO (the stack's
+	// VXLAN device), not here.
+	VXLANPorts []uint16
 }
 
 func (c *Config) setDefaults() error {
@@ -394,6 +405,11 @@ func (c *Config) setDefaults() error {
 	}
 	if err := c.Tunnel.validate(); err != nil {
 		return err
+	}
+	for _, p := range c.VXLANPorts {
+		if p == 0 {
+			return fmt.Errorf("vxlan port 0: want a UDP port")
+		}
 	}
 	if c.RQ != RQStriding && c.RQ != RQCyclic {
 		return fmt.Errorf("rq mode %d unknown", c.RQ)

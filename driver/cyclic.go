@@ -59,12 +59,7 @@ func (n *nicState) placeCyclic(a, b []byte, m rxMeta) bool {
 	cqe.ByteCount = uint32(size)
 	cqe.WQE = n.wqeSeq
 	cqe.Stride = 0
-	cqe.Info = *m.info
-	setRSS(cqe, a[m.outerLen:])
-	cqe.Csum = m.csum
-	cqe.GSOSize = m.gsoSize
-	cqe.OuterLen = uint16(m.outerLen)
-	cqe.HWGRO, cqe.Match = false, false
+	m.fill(cqe, a)
 	cqe.Frags[0] = f // Next's reference becomes the CQE's
 	cqe.NFrags = 1
 	n.charge(int(n.slotCost))

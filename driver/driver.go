@@ -150,6 +150,7 @@ type Driver struct {
 	txMu sync.Mutex
 	// +checklocks:txMu
 	txBuf []byte
+	txHdr int // the virtio-net header's length on the wire (wireVnetHdrLen)
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -179,8 +180,12 @@ func New(wire Wire, cfg Config) (*Driver, error) {
 		closing:  make(chan struct{}),
 		nicDone:  make(chan struct{}),
 		pollDone: make(chan struct{}),
-		txBuf:    make([]byte, VirtioNetHdrLen+maxLROFrame),
+		txHdr:    wireVnetHdrLen(wire),
 	}
+	// The header's bytes past struct virtio_net_hdr (a 24-byte header's
+	// num_buffers, hash and tunnel fields) stay zero: ustack sends no
+	// tunnel GSO.
+	d.txBuf = make([]byte, d.txHdr+maxLROFrame)
 	if cfg.HWGRO != HWGROOff {
 		d.headers = make([]byte, cfg.RingSize*shampoHeaderEntry)
 	}
@@ -316,17 +321,17 @@ func (d *Driver) Transmit(h *VirtioNetHdr, parts [][]byte) error {
 	d.txMu.Lock()
 	defer d.txMu.Unlock()
 	h.Encode(d.txBuf)
-	n := VirtioNetHdrLen
+	n := d.txHdr
 	for _, p := range parts {
 		if n+len(p) > len(d.txBuf) {
 			d.stats.TxErrors.Add(1)
-			return fmt.Errorf("transmit: frame longer than %d bytes", len(d.txBuf)-VirtioNetHdrLen)
+			return fmt.Errorf("transmit: frame longer than %d bytes", len(d.txBuf)-d.txHdr)
 		}
 		n += copy(d.txBuf[n:], p)
 	}
 	// rrtrace follows replies: a bare ACK (at most 86 bytes, IPv6 with
 	// timestamps) is not one.
-	reply := n-VirtioNetHdrLen > 100
+	reply := n-d.txHdr > 100
 	if reply {
 		rrtrace.Mark(rrtrace.TxStart)
 	}
@@ -338,7 +343,7 @@ func (d *Driver) Transmit(h *VirtioNetHdr, parts [][]byte) error {
 		rrtrace.Mark(rrtrace.TxEnd)
 	}
 	d.stats.TxPackets.Add(1)
-	d.stats.TxBytes.Add(uint64(n - VirtioNetHdrLen))
+	d.stats.TxBytes.Add(uint64(n - d.txHdr))
 	if h.GSOType != VirtioNetHdrGSONone {
 		d.stats.TxGSO.Add(1)
 	}

@@ -23,6 +23,8 @@ type collector struct {
 	linears []int
 	// +checklocks:mu
 	nfrags []int // len(Frags) of each packet
+	// +checklocks:mu
+	verified []bool // CsumVerified of each packet
 	n      atomic.Int64
 	bytes  atomic.Int64 // payload bytes (after the headers) handed over
 	keep   bool
@@ -36,6 +38,7 @@ func (c *collector) Deliver(p *Packet) {
 		c.frames = append(c.frames, b)
 		c.linears = append(c.linears, len(p.Linear))
 		c.nfrags = append(c.nfrags, len(p.Frags))
+		c.verified = append(c.verified, p.CsumVerified)
 		c.mu.Unlock()
 	}
 	c.bytes.Add(int64(p.TotalLen() - p.HdrLen))

@@ -75,6 +75,11 @@ type nicState struct {
 
 	tunLocal [][16]byte // local tunnel addresses (Config.Tunnel)
 	l3       bool       // frames start at the IP header (Config.L3: a TUN)
+	// hdrLen is the virtio-net header's length on the wire (wireVnetHdrLen):
+	// 24 bytes on a TAP that carries UDP tunnel GSO, else 10.
+	hdrLen  int
+	vxPorts []uint16   // Config.VXLANPorts
+	vx      vxlanFrame // the current frame's VXLAN layout, when parseVXLAN found one
 
 	// Direct reads (Config.BounceRead off): vr reads a frame's virtio-net
 	// header and first directHead bytes into rbuf and the rest straight
@@ -90,6 +95,7 @@ type nicState struct {
 // the WQE. Passed by value: it lives for one place call.
 type rxMeta struct {
 	info     *FrameInfo // the frame's layout (a tunnel frame's inner one)
+	vx       *vxlanFrame // a VXLAN frame's tunnel layout (Config.VXLANPorts), nil if none
 	csum     CsumState
 	gsoSize  uint16 // an LRO super-frame's MSS, 0 for a frame the wire carried
 	outerLen int    // the outer tunnel header, 0 if none
@@ -105,7 +111,8 @@ type rxMeta struct {
 // decapsulate refuses GSO super-frames (DropBadTunnel).
 type segPlacer struct {
 	n    *nicState
-	fi   *FrameInfo // the super-frame's layout
+	fi   *FrameInfo  // the super-frame's layout
+	vx   *vxlanFrame // a VXLAN super-frame's tunnel layout, the same for each segment but its lengths; nil if none
 	info FrameInfo  // the current segment's layout
 }
 
@@ -117,7 +124,14 @@ const directHead = 256
 func (n *nicState) init(d *Driver) {
 	n.d = d
 	n.segs.n = n
-	n.rbuf = make([]byte, VirtioNetHdrLen+maxLROFrame)
+	n.hdrLen = wireVnetHdrLen(d.wire)
+	n.vxPorts = d.cfg.VXLANPorts
+	n.rbuf = make([]byte, n.hdrLen+maxLROFrame)
+	if n.hdrLen == VirtioNetHdrTunnelLen {
+		// A tunnel super-frame: a 64 KB inner packet behind the outer
+		// headers.
+		n.rbuf = make([]byte, n.hdrLen+maxLROFrame+maxTunnelOuterLen)
+	}
 	n.seg.FillChecksum = d.cfg.FillChecksum
 	n.maxFrame = d.cfg.maxFrame()
 	n.tunLocal = d.cfg.Tunnel.locals()
@@ -231,7 +245,7 @@ func (n *nicState) readDirect(block bool) (m, inRing int, err error) {
 		m, err = n.d.wire.Read(n.rbuf, block) // no buffer: place drops it
 		return m, 0, err
 	}
-	head := VirtioNetHdrLen + directHead
+	head := n.hdrLen + directHead
 	iov := append(n.iov[:0], n.rbuf[:head])
 	covered := 0
 	if room := min(n.wqe.size-n.off-directHead, len(n.rbuf)-head); room > 0 {
@@ -244,7 +258,7 @@ func (n *nicState) readDirect(block bool) (m, inRing int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	n.lastLen = m - VirtioNetHdrLen
+	n.lastLen = m - n.hdrLen
 	return m, min(max(m-head, 0), covered), nil
 }
 
@@ -273,7 +287,7 @@ func (n *nicState) directOK(b []byte, inRing int) bool {
 	if h.GSOSize == 0 || h.Flags&VirtioNetHdrFNeedsCsum == 0 {
 		return false
 	}
-	frame := b[VirtioNetHdrLen:]
+	frame := b[n.hdrLen:]
 	if len(frame) != directHead+inRing || len(frame) > n.maxFrame {
 		return false
 	}
@@ -293,7 +307,7 @@ func (n *nicState) directOK(b []byte, inRing int) bool {
 // WQE back into rbuf, after the frame's first directHead bytes, so that
 // the frame lies whole in rbuf, as after Wire.Read.
 func (n *nicState) gather(inRing int) {
-	start := VirtioNetHdrLen + directHead
+	start := n.hdrLen + directHead
 	n.wqe.read(n.rbuf[start:start+inRing], n.off+directHead)
 }
 
@@ -305,11 +319,11 @@ func (n *nicState) receive(b []byte, inRing int) {
 	st := &d.stats
 	st.WireReads.Add(1)
 	var h VirtioNetHdr
-	if !h.Decode(b) {
+	if len(b) < n.hdrLen || !h.Decode(b) {
 		n.dropped(DropBadVnetHdr)
 		return
 	}
-	frame := b[VirtioNetHdrLen:]
+	frame := b[n.hdrLen:]
 	st.WireBytes.Add(uint64(len(frame)))
 	if d.cfg.HWGRO != HWGROOff {
 		n.now = d.clock() // one arrival time for every frame of this read
@@ -347,6 +361,19 @@ func (n *nicState) receive(b []byte, inRing int) {
 	if outer > 0 {
 		st.TunnelDecap.Add(1)
 	}
+	if n.hdrLen == VirtioNetHdrTunnelLen {
+		var th VirtioNetHdrTunnel
+		th.Decode(b)
+		if drop := th.check(frame); drop != DropNone {
+			n.dropped(drop)
+			return
+		}
+		if th.Tunnel() {
+			st.GSOFrames.Add(1)
+			n.receiveTunnelGSO(&th, frame, fi)
+			return
+		}
+	}
 	if h.GSOType != VirtioNetHdrGSONone {
 		st.GSOFrames.Add(1)
 		n.receiveGSO(&h, frame, rxMeta{info: fi, outerLen: outer, inRing: inRing})
@@ -363,7 +390,43 @@ func (n *nicState) receive(b []byte, inRing int) {
 		n.dropped(drop)
 		return
 	}
-	n.place(frame, nil, rxMeta{info: fi, csum: cs, outerLen: outer, inRing: inRing})
+	m := rxMeta{info: fi, csum: cs, outerLen: outer, inRing: inRing}
+	if parseVXLAN(frame, fi, n.vxPorts, &n.vx) {
+		m.vx = &n.vx
+		m.csum = tunnelChecksum(frame, &n.vx, cs)
+		st.VXLANFrames.Add(1)
+	}
+	n.place(frame, nil, m)
+}
+
+// receiveTunnelGSO handles a super-frame inside a UDP tunnel (a TAP with
+// UDP tunnel GSO: what a vxlan device sends through it): cut into the
+// frames the wire would have carried, each with its outer headers, as
+// __skb_udp_tunnel_segment cuts it. LRO does not apply: a NIC's LRO leaves
+// tunnelled TCP alone (the header-copy patch's own tunnel figures are the
+// same with LRO on and off), so GRO merges the inner flow in software.
+func (n *nicState) receiveTunnelGSO(h *VirtioNetHdrTunnel, frame []byte, fi *FrameInfo) {
+	st := &n.d.stats
+	if drop := VerifyChecksums(frame, fi, false); drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	vx := parseVXLAN(frame, fi, n.vxPorts, &n.vx)
+	n.segs.fi, n.segs.vx = fi, nil
+	if vx {
+		n.segs.vx = &n.vx
+	}
+	segs, drop := n.seg.SegmentTunnel(h, frame, &n.segs)
+	n.segs.vx = nil
+	if drop != DropNone {
+		n.dropped(drop)
+		return
+	}
+	st.TunnelGSOFrames.Add(1)
+	st.GSOSegs.Add(uint64(segs))
+	if vx {
+		st.VXLANFrames.Add(uint64(segs))
+	}
 }
 
 // receiveGSO handles a super-frame: whole with LRO (TCP only, as hardware
@@ -407,7 +470,7 @@ func (n *nicState) receiveGSO(h *VirtioNetHdr, frame []byte, m rxMeta) {
 	}
 	// A direct read leaves no bytes in the WQE here: directOK takes only
 	// super-frames that LRO or RxUSO places whole.
-	n.segs.fi = fi
+	n.segs.fi, n.segs.vx = fi, nil
 	segs, drop := n.seg.Segment(h, frame, fi, &n.segs)
 	if drop != DropNone {
 		n.dropped(drop)
@@ -427,7 +490,7 @@ func (s *segPlacer) WriteSegment(hdr, payload []byte) {
 	// The segment has the super-frame's header layout with its own lengths.
 	s.info = *s.fi
 	s.info.IPLen = len(hdr) + len(payload) - s.fi.L2Len
-	n.place(hdr, payload, rxMeta{info: &s.info, csum: CsumPartial})
+	n.place(hdr, payload, rxMeta{info: &s.info, csum: CsumPartial, vx: s.vx})
 }
 
 // checksum decides a single frame's checksum state: trusted from the
@@ -547,12 +610,7 @@ func (n *nicState) place(a, b []byte, m rxMeta) bool {
 	cqe.ByteCount = uint32(size)
 	cqe.WQE = n.wqeSeq
 	cqe.Stride = uint32(n.off / strideSize)
-	cqe.Info = *m.info
-	setRSS(cqe, a[m.outerLen:])
-	cqe.Csum = m.csum
-	cqe.GSOSize = m.gsoSize
-	cqe.OuterLen = uint16(m.outerLen)
-	cqe.HWGRO, cqe.Match = false, false
+	m.fill(cqe, a)
 	cqe.NFrags = 0
 	off := n.off + hr
 	if k := m.inRing; k > 0 {
@@ -766,4 +824,19 @@ func (n *nicState) cqFull() bool { return n.prod-n.d.cons.Load() == uint32(len(n
 func (n *nicState) rqFull(cost int) bool {
 	out := n.outstanding()
 	return out > 0 && out+uint64(cost) > n.rqBytes
+}
+
+// fill writes what m reports into cqe, for a frame whose bytes start with a.
+func (m *rxMeta) fill(cqe *CQE, a []byte) {
+	cqe.Info = *m.info
+	setRSS(cqe, a[m.outerLen:])
+	cqe.Csum = m.csum
+	cqe.GSOSize = m.gsoSize
+	cqe.OuterLen = uint16(m.outerLen)
+	cqe.TunHdrLen, cqe.TunMinLen = 0, 0
+	if v := m.vx; v != nil {
+		cqe.TunHdrLen = uint16(v.hdrLen())
+		cqe.TunMinLen = uint16(MinHeaderLen(&v.inner))
+	}
+	cqe.HWGRO, cqe.Match = false, false
 }

@@ -40,6 +40,13 @@ type CQE struct {
 	// header and the inner IP packet; 0 otherwise. ByteCount counts it;
 	// Info describes the frame without it, as the driver hands it up.
 	OuterLen uint16
+	// TunHdrLen is, for a VXLAN frame (Config.VXLANPorts), the length of
+	// all its headers, outer Ethernet to inner L4 (0 otherwise), and
+	// TunMinLen the header estimate from the CQE's L3/L4 types, which
+	// describe the inner packet of a tunnelled frame (MinHeaderLen of the
+	// inner frame). Info describes the outer frame.
+	TunHdrLen uint16
+	TunMinLen uint16
 	// RSSHash and RSSType are the NIC's RSS hash of the frame (mlx5's
 	// rss_hash_result and rss_hash_type: rssHash), which the driver hands
 	// up as the packet's Hash.

@@ -165,7 +165,7 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 			pkt, pulled = d.build(cqe)
 			hds += uint64(len(pkt.Linear) - pulled)
 			hdsPull += uint64(pulled)
-			if h := cqe.Info.HeaderLen(); len(pkt.Linear) > h {
+			if h := cqe.hdrLen(); len(pkt.Linear) > h {
 				hdsPayload += uint64(len(pkt.Linear) - h)
 			}
 			bytes += uint64(pkt.Len)
@@ -210,23 +210,44 @@ func (d *Driver) poll(cons, prod uint32) (uint32, bool, time.Duration) {
 }
 
 // headerCopyLen is the header copy's length for a frame as the NIC wrote it
-// (a tunnel frame's outer header included): the the mlx5 header-copy patch estimate from the
-// CQE's L3/L4 types (TCP timestamps assumed), or the fixed copy size.
+// (a tunnel frame's outer header included): the mlx5 header-copy patch's
+// estimate from the CQE's L3/L4 types (TCP timestamps assumed), or the
+// fixed copy size.
 //
-// For a tunnel frame the estimate counts the outer header as the seed's CQE
-// counts an IP header, by its fixed size (sizeof(struct ipv6hdr)), and the
-// inner headers by the CQE's inner L3/L4 types; outer extension headers are
-// left out, as the seed leaves IPv6 extension headers out. build then drops
-// the outer header's bytes from the copy.
+// For an ip6tnl frame (OuterLen) the estimate counts the outer header as
+// the patch counts an IP header, by its fixed size (sizeof(struct
+// ipv6hdr)), and the inner headers by the CQE's inner L3/L4 types; outer
+// extension headers are left out, as the patch leaves IPv6 extension
+// headers out. build then drops the outer header's bytes from the copy.
+//
+// For a VXLAN frame (TunHdrLen) the CQE's types are the inner packet's,
+// and mlx5e_cqe_get_min_hdr_len knows nothing of tunnels: the estimate is
+// the inner Ethernet, IP and L4 headers' (TunMinLen), short of the 70 to
+// 90 bytes of outer headers, which build then pulls, as GRO's
+// skb_gro_header_slow pulls them from the frags in the kernel.
 func (d *Driver) headerCopyLen(cqe *CQE) int {
 	n := d.cfg.HDS
 	if n == HDSAuto {
-		n = MinHeaderLen(&cqe.Info)
-		if cqe.OuterLen > 0 {
-			n += ipv6HdrLen // sizeof(struct ipv6hdr): the outer header
+		switch {
+		case cqe.TunHdrLen > 0:
+			n = int(cqe.TunMinLen)
+		default:
+			n = MinHeaderLen(&cqe.Info)
+			if cqe.OuterLen > 0 {
+				n += ipv6HdrLen // sizeof(struct ipv6hdr): the outer header
+			}
 		}
 	}
 	return min(n, int(cqe.ByteCount))
+}
+
+// hdrLen is the length of the frame's headers as the NIC parsed them: a
+// VXLAN frame's outer and inner ones, any other frame's Info.HeaderLen.
+func (cqe *CQE) hdrLen() int {
+	if cqe.TunHdrLen > 0 {
+		return int(cqe.TunHdrLen)
+	}
+	return cqe.Info.HeaderLen()
 }
 
 // MinHeaderLen is mlx5e_cqe_get_min_hdr_len: Ethernet, a VLAN tag if
@@ -273,7 +294,7 @@ func (d *Driver) build(cqe *CQE) (*Packet, int) {
 	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize
 	pkt.Len = int(cqe.ByteCount)
-	pkt.HdrLen = cqe.Info.HeaderLen()
+	pkt.HdrLen = cqe.hdrLen()
 	pkt.RxMeta = cqeMeta(cqe)
 	want := d.headerCopyLen(cqe)
 	// The frame's bytes in order: copy1 to the linear part, skip (the
@@ -364,7 +385,7 @@ func (d *Driver) buildLinear(cqe *CQE, f bufpool.Frag) *Packet {
 	pkt := bufpool.NewPacket()
 	pkt.CsumVerified = cqe.Csum != CsumNone
 	pkt.GSOSize = cqe.GSOSize
-	pkt.HdrLen = cqe.Info.HeaderLen()
+	pkt.HdrLen = cqe.hdrLen()
 	pkt.RxMeta = cqeMeta(cqe)
 	pkt.SetHead(f)
 	pkt.Len = len(pkt.Linear)

@@ -183,6 +183,7 @@ func (n *nicState) placeSHAMPO(hdr, payload []byte, fi *FrameInfo, csum CsumStat
 	d.shampo.hdrBytes.Add(uint64(len(hdr)))
 	cqe.ByteCount = uint32(len(hdr) + len(payload))
 	cqe.Info = *fi
+	cqe.TunHdrLen, cqe.TunMinLen = 0, 0 // SHAMPO takes plain TCP only
 	setRSS(cqe, hdr)
 	cqe.Csum = csum
 	cqe.GSOSize = 0

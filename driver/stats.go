@@ -6,31 +6,33 @@ import "sync/atomic"
 // kernel has one. Every field is safe to read while the driver runs.
 type Stats struct {
 	// Wire and NIC model.
-	WireReads    atomic.Uint64 // rx_wire_reads: reads from the wire (one per frame or super-frame)
-	WireBytes    atomic.Uint64 // rx_wire_bytes: bytes read, virtio-net headers excluded
-	WireErrors   atomic.Uint64 // rx_wire_errors: failed wire reads; the first stops receive (Driver.Err)
-	DirectReads  atomic.Uint64 // rx_wire_direct: super-frames read straight into the ring's pages (no copy)
-	DirectBytes  atomic.Uint64 // rx_wire_direct_bytes: bytes of them that went straight into the ring
-	GSOFrames    atomic.Uint64 // rx_gso_frames: super-frames with a GSO type
-	GSOSegs      atomic.Uint64 // rx_gso_segs: frames cut from them (LRO off)
-	LROFrames    atomic.Uint64 // rx_lro_packets: super-frames handed up whole (LRO on)
-	LROBytes     atomic.Uint64 // rx_lro_bytes
-	USOFrames    atomic.Uint64 // rx_uso_packets: UDP super-frames handed up whole (RxUSO)
-	USOBytes     atomic.Uint64 // rx_uso_bytes
-	CsumPartial  atomic.Uint64 // rx_csum_partial: frames trusted by NEEDS_CSUM
-	CsumUnneeded atomic.Uint64 // rx_csum_unnecessary: frames trusted by DATA_VALID
-	CsumComplete atomic.Uint64 // rx_csum_complete: frames whose checksums the NIC model verified
-	CsumNone     atomic.Uint64 // rx_csum_none: frames with no checksum to verify (ARP, ...) or a bad one (CHECKSUM_NONE, as mlx5)
-	TunnelDecap  atomic.Uint64 // rx_tunnel_decap: tunnel frames decapsulated (TunnelConfig)
-	WQEs         atomic.Uint64 // rx_wqes: WQEs (buffers) posted
-	Strides      atomic.Uint64 // rx_strides: strides consumed
-	CQEStalls    atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
-	RQStalls     atomic.Uint64 // rx_rq_stalls: times the NIC waited for the poll loop to free RQ room (Config.RQSize)
-	NICWakeups   atomic.Uint64 // rx_irqs: interrupts raised to wake the poll loop
-	TimerIRQs    atomic.Uint64 // rx_irqs_timer: of those, raised by the moderation timer (Config.CoalesceUsecs)
-	BusyPolls    atomic.Uint64 // rx_busy_polls: spins on an empty ring (Config.BusyPoll)
-	BusyPollHits atomic.Uint64 // rx_busy_poll_hits: spins a completion ended, no sleep
-	RTCSplits    atomic.Uint64 // rx_rtc_splits: times run to completion handed the NIC model to its own goroutine under load (as softirq to ksoftirqd)
+	WireReads       atomic.Uint64 // rx_wire_reads: reads from the wire (one per frame or super-frame)
+	WireBytes       atomic.Uint64 // rx_wire_bytes: bytes read, virtio-net headers excluded
+	WireErrors      atomic.Uint64 // rx_wire_errors: failed wire reads; the first stops receive (Driver.Err)
+	DirectReads     atomic.Uint64 // rx_wire_direct: super-frames read straight into the ring's pages (no copy)
+	DirectBytes     atomic.Uint64 // rx_wire_direct_bytes: bytes of them that went straight into the ring
+	GSOFrames       atomic.Uint64 // rx_gso_frames: super-frames with a GSO type
+	GSOSegs         atomic.Uint64 // rx_gso_segs: frames cut from them (LRO off)
+	LROFrames       atomic.Uint64 // rx_lro_packets: super-frames handed up whole (LRO on)
+	LROBytes        atomic.Uint64 // rx_lro_bytes
+	USOFrames       atomic.Uint64 // rx_uso_packets: UDP super-frames handed up whole (RxUSO)
+	USOBytes        atomic.Uint64 // rx_uso_bytes
+	CsumPartial     atomic.Uint64 // rx_csum_partial: frames trusted by NEEDS_CSUM
+	CsumUnneeded    atomic.Uint64 // rx_csum_unnecessary: frames trusted by DATA_VALID
+	CsumComplete    atomic.Uint64 // rx_csum_complete: frames whose checksums the NIC model verified
+	CsumNone        atomic.Uint64 // rx_csum_none: frames with no checksum to verify (ARP, ...) or a bad one (CHECKSUM_NONE, as mlx5)
+	TunnelDecap     atomic.Uint64 // rx_tunnel_decap: tunnel frames decapsulated (TunnelConfig)
+	VXLANFrames     atomic.Uint64 // rx_vxlan_frames: frames the NIC parsed as VXLAN (Config.VXLANPorts), segments of a tunnel super-frame included
+	TunnelGSOFrames atomic.Uint64 // rx_gso_tunnel_frames: UDP tunnel super-frames cut into segments (TAPConfig.UDPTunnel)
+	WQEs            atomic.Uint64 // rx_wqes: WQEs (buffers) posted
+	Strides         atomic.Uint64 // rx_strides: strides consumed
+	CQEStalls       atomic.Uint64 // rx_cqe_stalls: times the NIC waited for the poll loop
+	RQStalls        atomic.Uint64 // rx_rq_stalls: times the NIC waited for the poll loop to free RQ room (Config.RQSize)
+	NICWakeups      atomic.Uint64 // rx_irqs: interrupts raised to wake the poll loop
+	TimerIRQs       atomic.Uint64 // rx_irqs_timer: of those, raised by the moderation timer (Config.CoalesceUsecs)
+	BusyPolls       atomic.Uint64 // rx_busy_polls: spins on an empty ring (Config.BusyPoll)
+	BusyPollHits    atomic.Uint64 // rx_busy_poll_hits: spins a completion ended, no sleep
+	RTCSplits       atomic.Uint64 // rx_rtc_splits: times run to completion handed the NIC model to its own goroutine under load (as softirq to ksoftirqd)
 
 	// Poll loop.
 	Packets      atomic.Uint64 // rx_packets: frames (CQEs) the poll loop built packets from
@@ -85,6 +87,8 @@ func (s *Stats) Each(fn func(name string, v uint64)) {
 	fn("rx_csum_complete", s.CsumComplete.Load())
 	fn("rx_csum_none", s.CsumNone.Load())
 	fn("rx_tunnel_decap", s.TunnelDecap.Load())
+	fn("rx_vxlan_frames", s.VXLANFrames.Load())
+	fn("rx_gso_tunnel_frames", s.TunnelGSOFrames.Load())
 	fn("rx_hds_bytes", s.HDSBytes.Load())
 	fn("rx_hds_payload_bytes", s.HDSPayload.Load())
 	fn("rx_hds_pull_bytes", s.HDSPull.Load())

@@ -41,6 +41,9 @@ const (
 	tunFTSOECN = 0x08 // TUN_F_TSO_ECN
 	tunFUSO4   = 0x20 // TUN_F_USO4 (Linux 6.2)
 	tunFUSO6   = 0x40 // TUN_F_USO6 (Linux 6.2)
+
+	tunFUDPTunnelGSO     = 0x080 // TUN_F_UDP_TUNNEL_GSO: the reader takes UDP tunnel GSO super-frames
+	tunFUDPTunnelGSOCsum = 0x100 // TUN_F_UDP_TUNNEL_GSO_CSUM: ... with an outer UDP checksum
 )
 
 // tapWritePollTimeout bounds how long Write waits for a TAP that reports
@@ -75,6 +78,14 @@ type TAPConfig struct {
 	// (tun_select_queue) and a flow's packets follow the queue ustack last
 	// sent it on (tun_flow_update).
 	MultiQueue bool
+	// UDPTunnel makes the device carry UDP tunnel GSO: a 24-byte
+	// virtio-net header (TUNSETVNETHDRSZ, struct
+	// virtio_net_hdr_v1_hash_tunnel) and TUN_F_UDP_TUNNEL_GSO with
+	// TUN_F_UDP_TUNNEL_GSO_CSUM added to the offloads, so that what a
+	// vxlan device in the peer's namespace sends (a TCP super-frame inside
+	// VXLAN) arrives whole rather than cut into segments before the TAP.
+	// Requires Offloads and a kernel that has the flags (Linux 6.17 on).
+	UDPTunnel bool
 }
 
 // TAP is a Wire over a Linux TAP device (or a TUN device, TAPConfig.TUN).
@@ -87,6 +98,7 @@ type TAP struct {
 	kfd     int // eventfd that Wake signals to end a Wait
 	name    string
 	vnetHdr bool
+	hdrLen  int // the virtio-net header's length: 10, or 24 with TAPConfig.UDPTunnel
 	uso     bool
 	tun     bool // IFF_TUN: frames are IP packets
 
@@ -122,7 +134,15 @@ func OpenTAP(cfg TAPConfig) (*TAP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open tap %q: %w", cfg.Name, err)
 	}
+	if cfg.UDPTunnel && (!cfg.Offloads || cfg.TUN) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open tap %q: a UDP tunnel needs Offloads on a TAP", cfg.Name)
+	}
 	t := &TAP{fd: fd, efd: -1, kfd: -1, vnetHdr: cfg.VnetHdr, tun: cfg.TUN, idle: make(chan struct{}, 1)}
+	t.hdrLen = VirtioNetHdrLen
+	if cfg.UDPTunnel {
+		t.hdrLen = VirtioNetHdrTunnelLen
+	}
 	if err := t.setup(cfg); err != nil {
 		unix.Close(fd)
 		if t.efd >= 0 {
@@ -190,7 +210,7 @@ func (t *TAP) setup(cfg TAPConfig) error {
 		// The header size belongs to the device, not the descriptor: set
 		// it even though 10 is the default, in case an earlier user of a
 		// persistent device changed it.
-		if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETHDRSZ, VirtioNetHdrLen); err != nil {
+		if err := unix.IoctlSetPointerInt(t.fd, unix.TUNSETVNETHDRSZ, t.hdrLen); err != nil {
 			return fmt.Errorf("TUNSETVNETHDRSZ: %w", err)
 		}
 	}
@@ -209,6 +229,17 @@ func (t *TAP) setup(cfg TAPConfig) error {
 	}
 	if cfg.Offloads {
 		base := tunFCSUM | tunFTSO4 | tunFTSO6 | tunFTSOECN
+		if cfg.UDPTunnel {
+			// tun_vnet_parse_size: the tunnel header layout once the
+			// device has NETIF_F_GSO_UDP_TUNNEL; a kernel without the
+			// flags refuses them (EINVAL), and then there is no tunnel
+			// GSO to read.
+			tnl := tunFUDPTunnelGSO | tunFUDPTunnelGSOCsum
+			if err := unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, base|tnl); err != nil {
+				return fmt.Errorf("TUNSETOFFLOAD with UDP tunnel GSO: %w", err)
+			}
+			base |= tnl
+		}
 		err := unix.IoctlSetInt(t.fd, unix.TUNSETOFFLOAD, base|tunFUSO4|tunFUSO6)
 		if err == nil {
 			t.uso = true
@@ -461,6 +492,10 @@ func (t *TAP) L3() bool { return t.tun }
 
 // VnetHdr reports whether frames carry a virtio-net header.
 func (t *TAP) VnetHdr() bool { return t.vnetHdr }
+
+// VnetHdrLen returns the length of the virtio-net header before each frame:
+// VirtioNetHdrTunnelLen with TAPConfig.UDPTunnel, else VirtioNetHdrLen.
+func (t *TAP) VnetHdrLen() int { return t.hdrLen }
 
 // HardwareAddr returns the MAC address of the kernel's side of the TAP
 // (SIOCGIFHWADDR on the TAP descriptor, so it works from any namespace).
