@@ -25,9 +25,9 @@ type collector struct {
 	nfrags []int // len(Frags) of each packet
 	// +checklocks:mu
 	verified []bool // CsumVerified of each packet
-	n      atomic.Int64
-	bytes  atomic.Int64 // payload bytes (after the headers) handed over
-	keep   bool
+	n        atomic.Int64
+	bytes    atomic.Int64 // payload bytes (after the headers) handed over
+	keep     bool
 }
 
 func (c *collector) Deliver(p *Packet) {

@@ -94,7 +94,7 @@ type nicState struct {
 // bytes: what its CQE reports, and how much of it a direct read left in
 // the WQE. Passed by value: it lives for one place call.
 type rxMeta struct {
-	info     *FrameInfo // the frame's layout (a tunnel frame's inner one)
+	info     *FrameInfo  // the frame's layout (a tunnel frame's inner one)
 	vx       *vxlanFrame // a VXLAN frame's tunnel layout (Config.VXLANPorts), nil if none
 	csum     CsumState
 	gsoSize  uint16 // an LRO super-frame's MSS, 0 for a frame the wire carried
@@ -113,7 +113,7 @@ type segPlacer struct {
 	n    *nicState
 	fi   *FrameInfo  // the super-frame's layout
 	vx   *vxlanFrame // a VXLAN super-frame's tunnel layout, the same for each segment but its lengths; nil if none
-	info FrameInfo  // the current segment's layout
+	info FrameInfo   // the current segment's layout
 }
 
 // directHead is the part of a frame a direct read puts into the NIC's own
