@@ -175,6 +175,21 @@ func (p *Packet) PullTail(n int) int {
 	return moved
 }
 
+// PullFront drops the first n bytes of the linear part, as skb_pull does
+// when a tunnel pulls its outer headers (__iptunnel_pull_header): Linear,
+// Len and HdrLen lose them, a head frag's offset moves past them, and the
+// header offsets (RxMeta), which described the outer packet, are unset.
+// n must be at most len(Linear).
+func (p *Packet) PullFront(n int) {
+	p.Linear = p.Linear[n:]
+	p.Len -= n
+	p.HdrLen = max(p.HdrLen-n, 0)
+	if p.Head != nil {
+		p.HeadOff += uint32(n)
+	}
+	p.NetworkHeader, p.TransportHeader, p.HeadersSet = 0, 0, false
+}
+
 // CopyTo copies the frame into b and returns the count: the linear part,
 // the frags, then each chained packet's bytes after its HdrLen (Walk(0)).
 // b must be large enough.

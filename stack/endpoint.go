@@ -60,6 +60,10 @@ type linkEndpoint struct {
 	// tunnel is the tunnel's NIC (nil without a tunnel): decapsulated
 	// packets for its inner addresses go to it.
 	tunnel *tunnelEndpoint
+	// vxlan is the VXLAN device's NIC (nil without one): packets GRO let
+	// go that are for it lose their outer headers (vxlanEndpoint.decap)
+	// and go on to it.
+	vxlan *vxlanEndpoint
 
 	// Poll loop only.
 	gro        *gro.Engine // nil with GRO off
@@ -236,6 +240,19 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	if e.dropBadCsum(pkt) {
 		return
 	}
+	var vx *vxlanEndpoint // the inner frame's device; nil: the wire's NIC
+	if e.vxlan != nil {
+		switch e.vxlan.decap(pkt) {
+		case vxlanDrop:
+			pkt.Release()
+			return
+		case vxlanInner:
+			vx = e.vxlan
+			if e.dropBadCsum(pkt) { // the inner checksums, if nobody verified them
+				return
+			}
+		}
+	}
 	var udp rxUDP // the UDP headers, found once for stages 4 and 7
 	if e.trains.deliverUDP(pkt, &udp) {
 		return
@@ -244,23 +261,33 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	// The TCP headers and the flow's hash, found once for stages 5 and 6.
 	seg := rxTCPOf(pkt.Linear, e.l2Len())
 	if ack, ok := e.zw.ackFirstSeg(pkt.Linear, &seg); ok {
-		e.dispatch(ack, inl)
+		e.dispatchTo(vx, ack, inl)
 	}
-	if e.mem.hard.Load() && e.tcpMemRefuseSeg(pkt.Linear, &seg) {
+	if e.mem.hard.Load() && e.tcpMemRefuseSeg(pkt.Linear, &seg, vx) {
 		return // tcp_mem's hard limit (tcpmem_governor.go)
 	}
 	if l3, l4, ok := udpTrain(pkt, e.l2Len(), &udp); ok {
-		e.splitUDP(pkt, l3, l4)
+		e.splitUDP(pkt, l3, l4, vx)
 		return
 	}
 	if e.lend != nil {
-		e.lendToGVisor(pkt, inl)
+		e.lendToGVisor(pkt, inl, vx)
 		return
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(pkt.Linear))
 	copyViewsAfter(&buf, pkt, len(pkt.Linear))
 	if e.pcap != nil {
 		e.pcap.WriteFrame(time.Now(), buf.Flatten())
+	}
+	e.dispatchTo(vx, buf, inl)
+}
+
+// dispatchTo is dispatch for a frame of the VXLAN device vx (its inner
+// frame, after decap), or of the wire if vx is nil.
+func (e *linkEndpoint) dispatchTo(vx *vxlanEndpoint, buf buffer.Buffer, inl *inlineBatch) {
+	if vx != nil {
+		vx.dispatch(buf, inl)
+		return
 	}
 	e.dispatch(buf, inl)
 }
@@ -305,7 +332,7 @@ func (s *rxTCP) flow(b []byte) uint64 {
 // being payload that lendAfter lends from the page, as tcp_gro_receive's
 // skb_gro_receive turns a head_frag skb's payload into a frag. The caller
 // releases pkt.
-func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet, inl *inlineBatch) {
+func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet, inl *inlineBatch, vx *vxlanEndpoint) {
 	hdr := pkt.Linear
 	if pkt.Head != nil {
 		hdr = hdr[:min(pkt.HdrLen, len(hdr))]
@@ -317,7 +344,7 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(hdr))
 	buf.Merge(&payload)
-	e.dispatch(buf, inl)
+	e.dispatchTo(vx, buf, inl)
 }
 
 // dispatch delivers one frame, owned by the call, to gVisor: to the
@@ -544,6 +571,12 @@ func (e *linkEndpoint) AddHeader(pkt *gstack.PacketBuffer) {
 	if e.l3 {
 		return // a TUN's packets have no link header
 	}
+	addEthernet(pkt)
+}
+
+// addEthernet pushes pkt's Ethernet header, from its route's link
+// addresses.
+func addEthernet(pkt *gstack.PacketBuffer) {
 	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
 	eth.Encode(&header.EthernetFields{
 		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
@@ -561,6 +594,11 @@ func (e *linkEndpoint) ParseHeader(pkt *gstack.PacketBuffer) bool {
 		}
 		return ok
 	}
+	return parseEthernet(pkt)
+}
+
+// parseEthernet consumes pkt's Ethernet header and takes its EtherType.
+func parseEthernet(pkt *gstack.PacketBuffer) bool {
 	hdr, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	if ok {
 		pkt.NetworkProtocolNumber = header.Ethernet(hdr).Type()

@@ -169,6 +169,11 @@ type Config struct {
 	// IPv6-in-IPv6) in ustack: see TunnelConfig. Driver.Tunnel is set
 	// from it.
 	Tunnel *TunnelConfig
+	// VXLAN, if set, terminates a VXLAN tunnel over IPv6 in ustack: see
+	// VXLANConfig. Driver.VXLANPorts and GRO's VXLAN ports are set from
+	// it. With a TAP, open it with driver.TAPConfig.UDPTunnel so that the
+	// peer's tunnel super-frames arrive whole.
+	VXLAN *VXLANConfig
 	// ZeroCopy hands payload to gVisor without copying it: the RX pages
 	// are gVisor buffer chunks and each frag becomes a view of its page;
 	// the pool reuses a page once gVisor let go of it. TCPConn.ReadViews
@@ -275,6 +280,18 @@ func New(cfg Config) (s *Stack, err error) {
 		dc.Tunnel = t.driverConfig()
 		dc.Multicast = multicastMACs(append(cfg.Addrs[:len(cfg.Addrs):len(cfg.Addrs)], netip.PrefixFrom(t.Local, 128)))
 	}
+	if v := cfg.VXLAN; v != nil {
+		if dc.L3 {
+			return nil, errors.New("stack: a VXLAN tunnel needs an Ethernet wire (a TAP), not a TUN")
+		}
+		vc := *v
+		if err := vc.validate(dc.MAC); err != nil {
+			return nil, err
+		}
+		cfg.VXLAN = &vc
+		dc.VXLANPorts = []uint16{vc.Port}
+		dc.Multicast = append(dc.Multicast, multicastMACs([]netip.Prefix{netip.PrefixFrom(vc.Local, 128)})...)
+	}
 	if err := checkMaxFrame(&cfg, dc.MTU, dc.L3); err != nil {
 		return nil, err
 	}
@@ -348,11 +365,14 @@ func New(cfg Config) (s *Stack, err error) {
 			closeDrivers()
 			return nil, fmt.Errorf("stack: gro flush timeout %v < 0", cfg.GROFlushTimeout)
 		}
-		ep.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, &groSink{e: ep, inl: &ep.inl})
+		ep.gro = gro.New(groConfig(&cfg, ep.l3), &groSink{e: ep, inl: &ep.inl})
 		ep.groTimeout = cfg.GROFlushTimeout
 	}
 	if cfg.Tunnel != nil {
 		ep.tunnel = newTunnelEndpoint(cfg.Tunnel, dc.MTU)
+	}
+	if cfg.VXLAN != nil {
+		ep.vxlan = newVXLANEndpoint(cfg.VXLAN, dc.MTU)
 	}
 	ep.xdp = cfg.XDP
 	if len(cfg.CPUMap) > 0 {
@@ -361,7 +381,7 @@ func New(cfg Config) (s *Stack, err error) {
 			return nil, err
 		}
 	}
-	ip, err := newGVisor(ep, ep.tunnel, &cfg)
+	ip, err := newGVisor(ep, ep.tunnel, ep.vxlan, &cfg)
 	if err != nil {
 		closeDrivers()
 		if ep.cpumap != nil {
@@ -379,7 +399,7 @@ func New(cfg Config) (s *Stack, err error) {
 			ep.lend.addPool(q.drv.Pool())
 		}
 		if ep.gro != nil {
-			q.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: ep.l3}, &groSink{e: ep, inl: &q.inl})
+			q.gro = gro.New(groConfig(&cfg, ep.l3), &groSink{e: ep, inl: &q.inl})
 			q.groTimeout = cfg.GROFlushTimeout
 		}
 		ep.txDrvs = append(ep.txDrvs, q.drv)
@@ -406,14 +426,14 @@ func NewWithEndpoint(ep gstack.LinkEndpoint, cfg Config) (*Stack, error) {
 	if err := checkBusyRead(&cfg); err != nil {
 		return nil, err
 	}
-	if cfg.Tunnel != nil {
+	if cfg.Tunnel != nil || cfg.VXLAN != nil {
 		return nil, errors.New("stack: a tunnel needs ustack's own driver")
 	}
 	memLimit, memPressure, memOn, err := tcpMemLimits(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	ip, err := newGVisor(ep, nil, &cfg)
+	ip, err := newGVisor(ep, nil, nil, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -446,8 +466,9 @@ func checkNetConfig(cfg *Config) error {
 
 // newGVisor builds the gVisor stack over ep: protocols, TCP options, the NIC,
 // addresses and subnet routes, Config.Routes, the loopback interface, and
-// the tunnel's NIC, addresses and routes when tun is not nil.
-func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstack.Stack, error) {
+// the tunnel's NIC, addresses and routes when tun is not nil, and the VXLAN
+// device's when vx is not nil.
+func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, vx *vxlanEndpoint, cfg *Config) (*gstack.Stack, error) {
 	ip := gstack.New(gstack.Options{
 		NetworkProtocols:   []gstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []gstack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
@@ -500,6 +521,13 @@ func newGVisor(ep gstack.LinkEndpoint, tun *tunnelEndpoint, cfg *Config) (*gstac
 		// The tunnel's subnets first: gVisor takes the first matching
 		// route, and an inner subnet may lie inside a wire subnet.
 		routes = append(r, routes...)
+	}
+	if vx != nil {
+		r, err := vx.setup(ip, cfg.VXLAN, cfg.Addrs)
+		if err != nil {
+			return fail(err)
+		}
+		routes = append(r, routes...) // first, as the tunnel's
 	}
 	routes = append(routes, gvisorRoutes(cfg.Routes)...)
 	if err := addLoopback(ip); err != nil {
@@ -763,6 +791,9 @@ func (s *Stack) Close() error {
 		if s.ep != nil && s.ep.tunnel != nil {
 			s.ep.tunnel.release()
 		}
+		if s.ep != nil && s.ep.vxlan != nil {
+			s.ep.vxlan.release()
+		}
 		s.ip.Close()
 		s.ip.Wait()
 	})
@@ -811,6 +842,9 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		}
 		if s.ep.tunnel != nil {
 			s.ep.tunnel.stats.each(fn)
+		}
+		if s.ep.vxlan != nil {
+			s.ep.vxlan.stats.each(fn)
 		}
 	}
 	st := s.ip.Stats()

@@ -263,12 +263,12 @@ func (g *tcpMemGovernor) each(fn func(string, uint64)) {
 // for a segment tcp_data_queue drops). Pure ACKs, SYN, FIN and RST pass.
 func (e *linkEndpoint) tcpMemRefuse(b []byte) bool {
 	s := rxTCPOf(b, e.l2Len())
-	return e.tcpMemRefuseSeg(b, &s)
+	return e.tcpMemRefuseSeg(b, &s, nil)
 }
 
 // tcpMemRefuseSeg is tcpMemRefuse for the segment s found in b (rxTCPOf),
 // which Deliver finds once for its stages.
-func (e *linkEndpoint) tcpMemRefuseSeg(b []byte, s *rxTCP) bool {
+func (e *linkEndpoint) tcpMemRefuseSeg(b []byte, s *rxTCP, vx *vxlanEndpoint) bool {
 	over := e.mem.over.Load()
 	if over == nil || len(*over) == 0 {
 		return false
@@ -287,7 +287,7 @@ func (e *linkEndpoint) tcpMemRefuseSeg(b []byte, s *rxTCP) bool {
 	}
 	e.mem.drops.Add(1)
 	if f.Contains(header.TCPFlagAck) {
-		e.dispatch(pureACK(b[:tcpOff+tcpLen], ip, tcpOff, tcpLen, t.SequenceNumber()), nil)
+		e.dispatchTo(vx, pureACK(b[:tcpOff+tcpLen], ip, tcpOff, tcpLen, t.SequenceNumber()), nil)
 	}
 	return true
 }

@@ -111,6 +111,15 @@ type tunnelEndpoint struct {
 	inner4 [][4]byte
 	inner6 [][16]byte
 
+	tunnelLink
+	stats tunnelStats
+}
+
+// tunnelLink is what the link endpoints of ustack's tunnel devices (the
+// ip6tnl-like tunnelEndpoint, the VXLAN device's vxlanEndpoint) share: the
+// dispatcher gVisor attached, the close action, and the routes on the
+// wire's NIC to the peer's outer addresses, found on first use.
+type tunnelLink struct {
 	mu sync.RWMutex
 	// +checklocks:mu
 	dispatcher gstack.NetworkDispatcher
@@ -119,13 +128,92 @@ type tunnelEndpoint struct {
 	// +checklocks:mu
 	ip *gstack.Stack
 	// +checklocks:mu
-	route4 *gstack.Route
-	// +checklocks:mu
-	route6 *gstack.Route
+	routes [2]*gstack.Route
 	// +checklocks:mu
 	closed bool
+}
 
-	stats tunnelStats
+// setStack records the gVisor stack the routes are found in.
+func (l *tunnelLink) setStack(ip *gstack.Stack) {
+	l.mu.Lock()
+	l.ip = ip
+	l.mu.Unlock()
+}
+
+// attached returns the dispatcher, nil before Attach.
+func (l *tunnelLink) attached() gstack.NetworkDispatcher {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.dispatcher
+}
+
+// route returns route i, on the wire's NIC from local to remote (IPv6),
+// finding it on first use.
+func (l *tunnelLink) route(i int, local, remote tcpip.Address) (*gstack.Route, tcpip.Error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.ip == nil {
+		return nil, &tcpip.ErrClosedForSend{}
+	}
+	if l.routes[i] == nil {
+		r, err := l.ip.FindRoute(nicID, local, remote, ipv6.ProtocolNumber, false)
+		if err != nil {
+			return nil, err
+		}
+		l.routes[i] = r
+	}
+	return l.routes[i], nil
+}
+
+// release drops the cached routes; later writes fail. Called by Stack.Close
+// before gVisor is closed.
+func (l *tunnelLink) release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for i, r := range l.routes {
+		if r != nil {
+			r.Release()
+		}
+		l.routes[i] = nil
+	}
+}
+
+// SetMTU implements gstack.LinkEndpoint. The MTU follows the wire's.
+func (l *tunnelLink) SetMTU(uint32) {}
+
+// SetLinkAddress implements gstack.LinkEndpoint.
+func (l *tunnelLink) SetLinkAddress(tcpip.LinkAddress) {}
+
+// Attach implements gstack.LinkEndpoint.
+func (l *tunnelLink) Attach(d gstack.NetworkDispatcher) {
+	l.mu.Lock()
+	l.dispatcher = d
+	l.mu.Unlock()
+}
+
+// IsAttached implements gstack.LinkEndpoint.
+func (l *tunnelLink) IsAttached() bool { return l.attached() != nil }
+
+// Wait implements gstack.LinkEndpoint.
+func (l *tunnelLink) Wait() {}
+
+// Close implements gstack.LinkEndpoint.
+func (l *tunnelLink) Close() {
+	l.mu.Lock()
+	f := l.onClose
+	l.onClose = nil
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// SetOnCloseAction implements gstack.LinkEndpoint.
+func (l *tunnelLink) SetOnCloseAction(f func()) {
+	l.mu.Lock()
+	l.onClose = f
+	l.mu.Unlock()
 }
 
 // tunnelStats are the tunnel NIC's counters.
@@ -170,9 +258,7 @@ func (c *TunnelConfig) driverConfig() driver.TunnelConfig {
 // NIC, the inner addresses to the tunnel NIC and a route to each inner
 // subnet through it. It returns the routes, for the caller's route table.
 func (t *tunnelEndpoint) setup(ip *gstack.Stack, c *TunnelConfig) ([]tcpip.Route, error) {
-	t.mu.Lock()
-	t.ip = ip
-	t.mu.Unlock()
+	t.setStack(ip)
 	if e := ip.CreateNICWithOptions(tunnelNICID, t, gstack.NICOptions{Name: "tunnel"}); e != nil {
 		return nil, fmt.Errorf("stack: create tunnel NIC: %s", e)
 	}
@@ -228,9 +314,7 @@ func (t *tunnelEndpoint) deliver(buf *buffer.Buffer, l2 int, inl *inlineBatch) b
 	default:
 		return false
 	}
-	t.mu.RLock()
-	d := t.dispatcher
-	t.mu.RUnlock()
+	d := t.attached()
 	if d == nil {
 		buf.Release()
 		return true
@@ -286,7 +370,11 @@ func (t *tunnelEndpoint) WritePackets(pkts gstack.PacketBufferList) (int, tcpip.
 
 func (t *tunnelEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 	v4 := pkt.NetworkProtocolNumber == ipv4.ProtocolNumber
-	r, err := t.route(v4)
+	i, remote := 0, t.remote6
+	if v4 {
+		i, remote = 1, t.remote4
+	}
+	r, err := t.route(i, t.local, remote)
 	if err != nil {
 		return err
 	}
@@ -303,47 +391,8 @@ func (t *tunnelEndpoint) writePacket(pkt *gstack.PacketBuffer) tcpip.Error {
 	return r.WritePacket(gstack.NetworkHeaderParams{Protocol: nh, TTL: tunnelHopLimit}, outer)
 }
 
-// route returns the route on the wire's NIC from the local outer address to
-// the peer's for the inner family, finding it on first use.
-func (t *tunnelEndpoint) route(v4 bool) (*gstack.Route, tcpip.Error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed || t.ip == nil {
-		return nil, &tcpip.ErrClosedForSend{}
-	}
-	rp, remote := &t.route6, t.remote6
-	if v4 {
-		rp, remote = &t.route4, t.remote4
-	}
-	if *rp == nil {
-		r, err := t.ip.FindRoute(nicID, t.local, remote, ipv6.ProtocolNumber, false)
-		if err != nil {
-			return nil, err
-		}
-		*rp = r
-	}
-	return *rp, nil
-}
-
-// release drops the cached routes; later writes fail. Called by Stack.Close
-// before gVisor is closed.
-func (t *tunnelEndpoint) release() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.closed = true
-	for _, r := range []*gstack.Route{t.route4, t.route6} {
-		if r != nil {
-			r.Release()
-		}
-	}
-	t.route4, t.route6 = nil, nil
-}
-
 // MTU implements gstack.LinkEndpoint: the wire's, less the outer header.
 func (t *tunnelEndpoint) MTU() uint32 { return t.mtu }
-
-// SetMTU implements gstack.LinkEndpoint. The MTU follows the wire's.
-func (t *tunnelEndpoint) SetMTU(uint32) {}
 
 // MaxHeaderLength implements gstack.LinkEndpoint: the outer headers go in a
 // packet of their own.
@@ -351,9 +400,6 @@ func (t *tunnelEndpoint) MaxHeaderLength() uint16 { return 0 }
 
 // LinkAddress implements gstack.LinkEndpoint: a tunnel has none.
 func (t *tunnelEndpoint) LinkAddress() tcpip.LinkAddress { return "" }
-
-// SetLinkAddress implements gstack.LinkEndpoint.
-func (t *tunnelEndpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
 // Capabilities implements gstack.LinkEndpoint: the driver verified (or the
 // wire vouched for) the inner packet's checksums; transmit checksums are
@@ -363,23 +409,6 @@ func (t *tunnelEndpoint) Capabilities() gstack.LinkEndpointCapabilities {
 	return gstack.CapabilityRXChecksumOffload
 }
 
-// Attach implements gstack.LinkEndpoint.
-func (t *tunnelEndpoint) Attach(d gstack.NetworkDispatcher) {
-	t.mu.Lock()
-	t.dispatcher = d
-	t.mu.Unlock()
-}
-
-// IsAttached implements gstack.LinkEndpoint.
-func (t *tunnelEndpoint) IsAttached() bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.dispatcher != nil
-}
-
-// Wait implements gstack.LinkEndpoint.
-func (t *tunnelEndpoint) Wait() {}
-
 // ARPHardwareType implements gstack.LinkEndpoint.
 func (t *tunnelEndpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareNone }
 
@@ -388,21 +417,3 @@ func (t *tunnelEndpoint) AddHeader(*gstack.PacketBuffer) {}
 
 // ParseHeader implements gstack.LinkEndpoint: no link header.
 func (t *tunnelEndpoint) ParseHeader(*gstack.PacketBuffer) bool { return true }
-
-// Close implements gstack.LinkEndpoint.
-func (t *tunnelEndpoint) Close() {
-	t.mu.Lock()
-	f := t.onClose
-	t.onClose = nil
-	t.mu.Unlock()
-	if f != nil {
-		f()
-	}
-}
-
-// SetOnCloseAction implements gstack.LinkEndpoint.
-func (t *tunnelEndpoint) SetOnCloseAction(f func()) {
-	t.mu.Lock()
-	t.onClose = f
-	t.mu.Unlock()
-}

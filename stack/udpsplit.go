@@ -47,7 +47,7 @@ func udpSegments(p *bufpool.Packet, n int) int {
 // such a USO super-frame (virtio_net_hdr_to_skb) and GRO makes no train of
 // more than UDP_GRO_CNT_MAX (64), so none should come, but nothing that
 // does may cost more than that many deliveries.
-func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
+func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int, vx *vxlanEndpoint) {
 	total, ok := udpPayloadLen(p, l3, l4)
 	if !ok || udpSegments(p, total) > driver.UDPMaxSegments {
 		e.trains.malformed.Add(1)
@@ -85,7 +85,7 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int) {
 		pv.CapLength(n)
 		buf := buffer.MakeWithView(hv)
 		buf.Append(pv)
-		e.dispatch(buf, nil)
+		e.dispatchTo(vx, buf, nil)
 	}
 	all.Release()
 }

@@ -401,7 +401,7 @@ func BenchmarkSplitUDP(b *testing.B) {
 				b.SetBytes(int64(16 * size))
 				b.ReportAllocs()
 				for b.Loop() {
-					ep.splitUDP(p, l3, l4)
+					ep.splitUDP(p, l3, l4, nil)
 				}
 			})
 		}

@@ -227,7 +227,7 @@ func (e *linkEndpoint) startCPUMap(cfg *Config) error {
 				return &cpumapRx{e: e, st: &e.cpuCsum}
 			}
 			rx := &cpumapGRORx{cpumapRx{e: e, st: &e.cpuCsum}}
-			rx.gro = gro.New(gro.Config{FlushTimeout: cfg.GROFlushTimeout, L3: e.l3}, &groSink{e: e, inl: &rx.inl})
+			rx.gro = gro.New(groConfig(cfg, e.l3), &groSink{e: e, inl: &rx.inl})
 			engines = append(engines, rx.gro)
 			return rx
 		},
