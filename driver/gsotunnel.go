@@ -7,7 +7,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 )
 
-// SegmentTunnel splits frame, a TCP GSO super-frame inside a UDP tunnel
+// SegmentTunnel splits frame, a TCP or UDP GSO super-frame inside a UDP tunnel
 // (the Ethernet frame after the virtio-net header h, as a TAP with
 // TUN_F_UDP_TUNNEL_GSO delivers what a vxlan or geneve device sends
 // through it), into segments of at most h.GSOSize inner payload bytes each,
@@ -26,14 +26,19 @@ import (
 // The rules:
 //
 //   - h must pass h.check (virtio_net_hdr_tnl_to_skb's rules) and have a
-//     tunnel bit; the inner GSO type must be TCPv4 or TCPv6 (UDP_L4 in a
-//     tunnel is not supported: DropBadGSO).
+//     tunnel bit; the inner GSO type must be TCPv4, TCPv6 or UDP_L4 (a
+//     UDP_SEGMENT datagram sent through the tunnel: the inner IP version
+//     says IPv4 or IPv6, and more than UDP_MAX_SEGMENTS datagrams is
+//     DropBadGSO, as virtio_net_hdr_to_skb refuses them). An inner UDP
+//     datagram is cut as __udp_gso_segment cuts it: each with its own UDP
+//     length and checksum (0 written as 0xffff when full), the inner IPv4
+//     ID incremented per datagram.
 //   - The offsets must match the bytes, else DropBadGSO: frame parses
 //     with ParseFrame as an IPv4 (tunnel bit IPv4) or IPv6 (IPv6) packet,
 //     not a fragment, carrying UDP whose header is at OuterTHOffset (any
 //     port: the tunnel type is not checked); at InnerNHOffset an inner
 //     IPv4 (TCPv4) or IPv6 (TCPv6) packet, not a fragment, ends where the
-//     outer packet ends and carries TCP whose header is at CsumStart. The
+//     outer packet ends and carries TCP (UDP for UDP_L4) whose header is at CsumStart. The
 //     bytes between the outer UDP header and InnerNHOffset are the tunnel
 //     header, copied unchanged into every segment, as
 //     virtio_net_hdr_tnl_to_skb puts the inner MAC header at inner_nh, so
@@ -77,11 +82,13 @@ func (s *Segmenter) SegmentTunnel(h *VirtioNetHdrTunnel, frame []byte, sink Segm
 	if !h.Tunnel() {
 		return 0, DropBadGSO
 	}
-	var innerV6 bool
+	var innerV6, innerUDP bool
 	switch h.Inner() &^ VirtioNetHdrGSOECN {
 	case VirtioNetHdrGSOTCPv4:
 	case VirtioNetHdrGSOTCPv6:
 		innerV6 = true
+	case VirtioNetHdrGSOUDPL4:
+		innerUDP = true // the version at inner_nh says which IP (check)
 	default:
 		return 0, DropBadGSO
 	}
@@ -104,15 +111,25 @@ func (s *Segmenter) SegmentTunnel(h *VirtioNetHdrTunnel, frame []byte, sink Segm
 	// parsers take its offset from L2Len and check its version.
 	ifi := FrameInfo{L2Len: nh}
 	var d Drop
+	if innerUDP {
+		innerV6 = nh < end && frame[nh]>>4 == 6
+	}
 	if innerV6 {
 		d = parseIPv6(frame[:end], &ifi)
 	} else {
 		d = parseIPv4(frame[:end], &ifi)
 	}
-	if d != DropNone || ifi.Fragment || ifi.L4 != L4TCP || ifi.IPLen != end-nh {
+	innerL4, innerProto, csumOff := L4TCP, uint8(protoTCP), 16
+	if innerUDP {
+		innerL4, innerProto, csumOff = L4UDP, protoUDP, 6
+	}
+	if d != DropNone || ifi.Fragment || ifi.L4 != innerL4 || ifi.IPLen != end-nh {
 		return 0, DropBadGSO
 	}
-	ith := nh + ifi.L3Len // offset of the inner TCP header
+	if innerUDP && udpGSOTooMany(h.GSOSize, &ifi) {
+		return 0, DropBadGSO // virtio_net_hdr_to_skb: more than UDP_MAX_SEGMENTS
+	}
+	ith := nh + ifi.L3Len // offset of the inner TCP or UDP header
 	hl := ith + ifi.L4Len // all headers; <= end by the parse
 	if ith != int(h.CsumStart) || hl > len(s.hdr) {
 		return 0, DropBadGSO
@@ -139,15 +156,19 @@ func (s *Segmenter) SegmentTunnel(h *VirtioNetHdrTunnel, frame []byte, sink Segm
 	if !innerV6 {
 		innerID = binary.BigEndian.Uint16(frame[nh+4:])
 	}
-	seq := binary.BigEndian.Uint32(frame[ith+4:])
-	flags := frame[ith+13]
+	var seq uint32
+	var flags uint8
+	if !innerUDP {
+		seq = binary.BigEndian.Uint32(frame[ith+4:])
+		flags = frame[ith+13]
+	}
 	innerL3 := L3IPv4
 	if innerV6 {
 		innerL3 = L3IPv6
 	}
 	// The pseudo-headers without their lengths, the same for every
 	// segment.
-	innerPseudo := pseudoHeaderChecksum(frame[nh:], innerL3, protoTCP, 0)
+	innerPseudo := pseudoHeaderChecksum(frame[nh:], innerL3, innerProto, 0)
 	outerPseudo := pseudoHeaderChecksum(frame[l2:], ofi.L3, protoUDP, 0)
 	outerCsum := h.Flags&VirtioNetHdrFUDPTunnelCsum != 0
 	// The payload starts an odd number of bytes into the outer UDP
@@ -168,19 +189,27 @@ func (s *Segmenter) SegmentTunnel(h *VirtioNetHdrTunnel, frame []byte, sink Segm
 		gsoSetIP(hdr[l2:oth], outerV4, segLen-l2, outerID+uint16(i))
 		binary.BigEndian.PutUint16(hdr[oth+4:], uint16(segLen-oth))
 		gsoSetIP(hdr[nh:ith], !innerV6, segLen-nh, innerID+uint16(i))
-		gsoSetTCP(hdr[ith:hl], seq+uint32(i)*uint32(gso), flags, i, n)
+		if innerUDP {
+			// __udp_gso_segment: each datagram's own UDP length.
+			binary.BigEndian.PutUint16(hdr[ith+4:], uint16(segLen-ith))
+		} else {
+			gsoSetTCP(hdr[ith:hl], seq+uint32(i)*uint32(gso), flags, i, n)
+		}
 
 		var psum uint16 // the payload's sum, for full checksums
 		if s.FillChecksum {
 			psum = checksum.Checksum(seg, 0)
 		}
-		// Inner TCP checksum, as Segment computes it.
+		// Inner TCP or UDP checksum, as Segment computes it.
 		sum := checksum.Combine(innerPseudo, uint16(segLen-ith))
 		if s.FillChecksum {
-			hdr[ith+16], hdr[ith+17] = 0, 0
+			hdr[ith+csumOff], hdr[ith+csumOff+1] = 0, 0
 			sum = ^checksum.Combine(checksum.Checksum(hdr[ith:], sum), psum)
+			if innerUDP && sum == 0 {
+				sum = 0xffff // CSUM_MANGLED_0
+			}
 		}
-		checksum.Put(hdr[ith+16:], sum)
+		checksum.Put(hdr[ith+csumOff:], sum)
 
 		// Outer UDP checksum, over the inner packet as just completed.
 		var osum uint16

@@ -27,14 +27,14 @@ type localAddrs struct {
 
 // newLocalAddrs builds the set from the addresses of the stack's gVisor
 // NICs that packets from the wire reach (dispatch): the wire's and the
-// tunnel's, not a loopback interface's (ip_route_input refuses a loopback
+// tunnel's and the VXLAN device's, not a loopback interface's (ip_route_input refuses a loopback
 // destination from a device as a martian).
 func newLocalAddrs(all map[tcpip.NICID][]tcpip.ProtocolAddress) *localAddrs {
 	l := &localAddrs{
 		v4: [][4]byte{header.IPv4Broadcast.As4(), header.IPv4AllSystems.As4()},
 		v6: [][16]byte{header.IPv6AllNodesMulticastAddress.As16()},
 	}
-	for _, id := range []tcpip.NICID{nicID, tunnelNICID} {
+	for _, id := range []tcpip.NICID{nicID, tunnelNICID, vxlanNICID} {
 		for _, pa := range all[id] {
 			a := pa.AddressWithPrefix
 			if a.Address.Len() == header.IPv4AddressSize && a.Address.As4()[0] == 127 || a.Address == header.IPv6Loopback {

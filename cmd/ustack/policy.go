@@ -32,8 +32,9 @@ type policy struct {
 	views  bool               // -zero-copy views: the discard server reads with ReadViews
 	plain  bool               // -wire plain: water's TAP, no virtio-net header, no offloads
 	l3     bool               // the device is a TUN: -xdp's program sees IP packets (set by run)
-	tunnel bool               // -tunnel ip6tnl
+	tunnel string             // -tunnel off|ip6tnl|vxlan
 	tun    stack.TunnelConfig // -tunnel-local, -tunnel-remote, -tunnel-remote4, -tunnel-addr
+	vni    int64              // -tunnel-id (vxlan)
 }
 
 // policySwitch is one row of the policy table: a flag of ustack run and
@@ -151,20 +152,23 @@ var policies = []policySwitch{
 	{name: "zero-copy", values: "off|on|views", def: "off", kernel: "TCP_ZEROCOPY_RECEIVE (tcp_mmap)",
 		usage: "payload to gVisor without a copy (packets under 1 KB of payload, IP fragments and, past Config.ZeroCopyMaxLent lent pages, new pages are copied, so that a peer cannot make gVisor pin pages without bound); views: the discard server also reads with TCPConn.ReadViews, in place, and the bench's UDP reader takes trains with TrainConn.TakeTrain, in place",
 		bind:  func(p *policy) any { return &zeroCopy{on: &p.cfg.ZeroCopy, views: &p.views} }},
-	{name: "tunnel", values: "off|ip6tnl", def: "off", kernel: "ip -6 tunnel add mode any (ip6tnl)",
-		usage: "terminate an IPv6 tunnel (IPv4-in-IPv6 and IPv6-in-IPv6); the driver decapsulates before GRO",
-		bind:  func(p *policy) any { return &choice{p: &p.tunnel, off: "off", on: "ip6tnl"} }},
-	{name: "tunnel-local", values: "ADDR", def: "", kernel: "ip6tnl local",
-		usage: "with -tunnel ip6tnl: ustack's outer IPv6 address, dedicated to the tunnel (added to the TAP's NIC)",
+	{name: "tunnel", values: "off|ip6tnl|vxlan", def: "off", kernel: "ip -6 tunnel add mode any (ip6tnl); ip link add type vxlan dstport 4789 (vxlan)",
+		usage: "terminate a tunnel in ustack. ip6tnl: IPv4-in-IPv6 and IPv6-in-IPv6, decapsulated by the driver before GRO; the peer's kernel segments its GSO packets before the TAP (a TAP carries no IP-in-IP GSO), so each segment costs a read, and GRO merges the inner flow. vxlan: VXLAN over IPv6, port 4789; the TAP carries the peer's tunnel super-frames whole (UDP tunnel GSO, a 24-byte virtio-net header), the NIC model cuts them, GRO merges inside the tunnel and the VXLAN device decapsulates after GRO, as vxlan_rcv",
+		bind:  func(p *policy) any { return &enum{p: &p.tunnel, values: []string{"off", "ip6tnl", "vxlan"}} }},
+	{name: "tunnel-local", values: "ADDR", def: "", kernel: "ip6tnl local; vxlan local",
+		usage: "with -tunnel: ustack's outer IPv6 address (added to the TAP's NIC); for ip6tnl dedicated to the tunnel",
 		bind:  func(p *policy) any { return (*ip6Addr)(&p.tun.Local) }},
-	{name: "tunnel-remote", values: "ADDR", def: "", kernel: "ip6tnl remote",
-		usage: "with -tunnel ip6tnl: the peer's outer IPv6 address that encapsulated replies go to",
+	{name: "tunnel-remote", values: "ADDR", def: "", kernel: "ip6tnl remote; vxlan remote",
+		usage: "with -tunnel: the peer's outer IPv6 address that encapsulated replies go to",
 		bind:  func(p *policy) any { return (*ip6Addr)(&p.tun.Remote) }},
+	{name: "tunnel-id", values: "N", def: "42", kernel: "vxlan id",
+		usage: "with -tunnel vxlan: the VXLAN network identifier, 1..16777215",
+		bind:  func(p *policy) any { return &number[int64]{p: &p.vni, nonNeg: true} }},
 	{name: "tunnel-remote4", values: "ADDR", def: "",
 		usage: "with -tunnel ip6tnl: the peer's outer address for IPv4 inside, if not -tunnel-remote",
 		bind:  func(p *policy) any { return (*ip6Addr)(&p.tun.Remote4) }},
-	{name: "tunnel-addr", values: "CIDR", def: "", kernel: "ip addr add dev ip6tnl",
-		usage: "with -tunnel ip6tnl: ustack's inner address with its prefix, routed through the tunnel (repeatable)",
+	{name: "tunnel-addr", values: "CIDR", def: "", kernel: "ip addr add dev ip6tnl|vxlan",
+		usage: "with -tunnel: ustack's inner address with its prefix, routed through the tunnel (repeatable)",
 		bind:  func(p *policy) any { return (*prefixList)(&p.tun.Addrs) }},
 	{name: "xdp", values: "PROG", def: "", kernel: "ip link set xdp",
 		usage: "XDP program run on every frame: pass|drop|cpu:N|hash|drop-port:P|xsk:P (xsk:P: TCP/UDP to port P to an AF_XDP socket that run drains; empty: none). Needs -lro off and -hw-gro off (mlx5e_xdp_allowed); the linear RQ then gives each frame a 4 KB page with 256 bytes of headroom, as mlx5 with XDP",
@@ -377,10 +381,17 @@ func (p *policy) finish() (stack.Config, error) {
 	if c.TCPMemLimit > 0 && c.TCPMemPressure > c.TCPMemLimit {
 		return c, fmt.Errorf("tcp-mem-pressure %d: want 0..-tcp-mem-limit", c.TCPMemPressure)
 	}
-	if p.tunnel {
+	switch p.tunnel {
+	case "ip6tnl":
 		t := p.tun
 		t.Addrs = append([]netip.Prefix(nil), t.Addrs...)
 		c.Tunnel = &t
+	case "vxlan":
+		if p.vni < 1 || p.vni >= 1<<24 {
+			return c, fmt.Errorf("tunnel-id %d: want 1..%d", p.vni, 1<<24-1)
+		}
+		c.VXLAN = &stack.VXLANConfig{Local: p.tun.Local, Remote: p.tun.Remote, VNI: uint32(p.vni),
+			Addrs: append([]netip.Prefix(nil), p.tun.Addrs...)}
 	}
 	if p.xdp != "" {
 		if c.Driver.LRO || c.Driver.HWGRO != driver.HWGROOff {
@@ -458,6 +469,33 @@ func (b *offOn) UnmarshalText(t []byte) error {
 }
 
 // choice is a bool as one of two words, off's (or empty) for false.
+// enum is a string flag that takes one of values ("" is the first).
+type enum struct {
+	p      *string
+	values []string
+}
+
+func (e *enum) MarshalText() ([]byte, error) {
+	if *e.p == "" {
+		return []byte(e.values[0]), nil
+	}
+	return []byte(*e.p), nil
+}
+
+func (e *enum) UnmarshalText(t []byte) error {
+	s := string(t)
+	if s == "" {
+		s = e.values[0]
+	}
+	for _, v := range e.values {
+		if s == v {
+			*e.p = s
+			return nil
+		}
+	}
+	return fmt.Errorf("want one of %s", strings.Join(e.values, ", "))
+}
+
 type choice struct {
 	p       *bool
 	off, on string

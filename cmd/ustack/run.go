@@ -41,7 +41,7 @@ func runCmd(args []string) error {
 		if o.tun != "" {
 			return openTUN(name)
 		}
-		return openWire(name, o.pol.plain, o.cfg.Driver.MTU)
+		return openWire(name, o.pol.plain, o.cfg.Driver.MTU, o.cfg.VXLAN != nil)
 	}
 	return newRunner(o, os.Stdout, os.Stderr).run(open, sig)
 }
@@ -164,15 +164,19 @@ func openQueues(name string, tun bool, n int) ([]*driver.TAP, error) {
 
 // openWire opens run's TAP: ustack's own TAP code, with the virtio-net
 // header and offloads, or with -wire plain water's bare frames (the only
-// wire outside Linux).
-func openWire(name string, plain bool, mtu int) (driver.Wire, error) {
+// wire outside Linux); with a VXLAN tunnel, with UDP tunnel GSO, so that
+// the peer's tunnel super-frames come whole.
+func openWire(name string, plain bool, mtu int, vxlan bool) (driver.Wire, error) {
+	if plain && vxlan {
+		return nil, fmt.Errorf("-tunnel vxlan needs ustack's own TAP code (-wire offload): water's plain TAP has no UDP tunnel GSO")
+	}
 	if plain {
 		return driver.OpenWater(name, driver.MaxFrameLen(mtu))
 	}
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("-wire offload needs Linux's TAP (IFF_VNET_HDR); use -wire plain on %s", runtime.GOOS)
 	}
-	return driver.OpenTAP(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true})
+	return driver.OpenTAP(driver.TAPConfig{Name: name, VnetHdr: true, Offloads: true, UDPTunnel: vxlan})
 }
 
 // runner is a running `ustack run`: its stack, servers and the cleanup

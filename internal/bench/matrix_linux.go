@@ -213,7 +213,7 @@ type matrixEnv struct {
 // cannot make the tunnel (testbed.ErrNoIP6Tunnel), after one try.
 func skipTunnelCells(bed *testbed.TAPBed, rep *matrixReport) {
 	for _, cr := range rep.Cells {
-		if cr.Cell.Tunnel != "on" || cr.Skip != "" {
+		if cr.Cell.Tunnel != "ip6tnl" || cr.Skip != "" {
 			continue
 		}
 		tun, err := bed.AddIP6Tunnel(testbed.IP6TunnelConfig{})
@@ -225,7 +225,7 @@ func skipTunnelCells(bed *testbed.TAPBed, rep *matrixReport) {
 			return // the cells' runs report it
 		}
 		for _, c := range rep.Cells {
-			if c.Cell.Tunnel == "on" && c.Skip == "" {
+			if c.Cell.Tunnel == "ip6tnl" && c.Skip == "" {
 				c.Skip = testbed.ErrNoIP6Tunnel.Error()
 			}
 		}
@@ -238,7 +238,7 @@ func skipTunnelCells(bed *testbed.TAPBed, rep *matrixReport) {
 func (e *matrixEnv) sidesFor(rep *matrixReport, cell matrixCell) []int {
 	var out []int
 	for i, s := range rep.Sides {
-		if s.Peer() && cell.Tunnel == "on" {
+		if s.Peer() && cell.Tunnel != "off" {
 			continue
 		}
 		out = append(out, i)
@@ -405,7 +405,7 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side Side, r *matrixRun, sk *
 	if row.Stock {
 		st, err = openTarget(e.bed, row)
 	} else {
-		st, addr, untunnel, err = e.ustack(row.Policy, cell.Tunnel == "on")
+		st, addr, untunnel, err = e.ustack(row.Policy, cell.Tunnel)
 	}
 	if err != nil {
 		return receiver{}, err
@@ -462,16 +462,20 @@ func (e *matrixEnv) stackReceiver(cell matrixCell, side Side, r *matrixRun, sk *
 // openTarget does, and in a tunnel cell with the tunnel (setupTunnel). It
 // returns the address to send to and the tunnel's cleanup, for after the
 // stack's Close.
-func (e *matrixEnv) ustack(pol Policy, tunnel bool) (st *target, dst netip.Addr, untunnel func(), err error) {
+func (e *matrixEnv) ustack(pol Policy, tunnel string) (st *target, dst netip.Addr, untunnel func(), err error) {
 	cfg, err := pol.StackConfig()
 	if err != nil {
 		return nil, dst, nil, err
 	}
 	cfg.Addrs = []netip.Prefix{e.bed.StackAddr4, e.bed.StackAddr6}
 	dst, untunnel = e.bed.StackAddr4.Addr(), func() {}
-	if tunnel {
+	if tunnel != "off" {
+		setup := setupVXLAN
+		if tunnel == "ip6tnl" {
+			setup = setupTunnel
+		}
 		var cleanup func()
-		if dst, cleanup, err = setupTunnel(e.bed, &cfg, false); err != nil {
+		if dst, cleanup, err = setup(e.bed, &cfg, false); err != nil {
 			return nil, dst, nil, fmt.Errorf("tunnel: %w", err)
 		}
 		if cleanup != nil {

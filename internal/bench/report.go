@@ -51,7 +51,7 @@ type matrixCell struct {
 	Core   string // "same": poll loop and reader on one CPU; "adjacent": on two
 	MTU    int
 	LRO    string // on|off
-	Tunnel string // off|on
+	Tunnel string // off, on (VXLAN over IPv6, its super-frames whole through the TAP) or ip6tnl (segmented before the TAP)
 }
 
 // Label names the cell as the seed does: "TCP 512-Kbyte, core same, MTU
@@ -91,7 +91,7 @@ func ParseDims(protos, cores, mtus, lros, tunnels string) (Dims, error) {
 	if d.LROs, err = oneOf("-lro", lros, "on", "off"); err != nil {
 		return d, err
 	}
-	if d.Tunnels, err = oneOf("-tunnel", tunnels, "off", "on"); err != nil {
+	if d.Tunnels, err = oneOf("-tunnel", tunnels, "off", "on", "ip6tnl"); err != nil {
 		return d, err
 	}
 	for _, f := range splitList(mtus) {

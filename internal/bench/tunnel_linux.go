@@ -1,7 +1,8 @@
 package bench
 
-// The tunnel dimension of ustack bench (tunnel off|on). A row with
-// the tunnel on has its kernel sender reach ustack through an IPv6 tunnel
+// The tunnel dimension of ustack bench (tunnel off|on|ip6tnl). A row with
+// the tunnel on has its kernel sender reach ustack through a VXLAN tunnel
+// over IPv6 (setupVXLAN); with ip6tnl, through an IPv6 tunnel
 // (IPv4-in-IPv6 or IPv6-in-IPv6, as Linux ip6tnl mode any sends it) that
 // ustack terminates itself: the driver decapsulates before GRO, and the
 // header split is computed over the outer and inner headers as the mlx5 header-copy patch's
@@ -57,4 +58,30 @@ func setupTunnel(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst netip.Add
 		dst = tun.StackInner6.Addr()
 	}
 	return dst, func() { tun.Close() }, nil
+}
+
+// setupVXLAN adds a VXLAN tunnel over IPv6 from bed's kernel (its vxlan
+// device, port 4789, neighbours resolved inside the tunnel) to the stack
+// and configures cfg for it (stack.VXLANConfig), with the contract of
+// setupTunnel. The TAP is to be opened with UDP tunnel GSO (openWire does
+// when cfg.VXLAN is set), so that the kernel's tunnel super-frames reach
+// the NIC model whole. The kernel's inner MTU is the bed's MTU less 70.
+// Counters for the row: rx_gso_tunnel_frames, rx_vxlan_frames,
+// rx_gro_tunnel_*, vxlan_rx_packets and vxlan_tx_packets.
+func setupVXLAN(bed *testbed.TAPBed, cfg *stack.Config, v6 bool) (dst netip.Addr, cleanup func(), err error) {
+	vx, err := bed.AddVXLAN(testbed.VXLANConfig{})
+	if err != nil {
+		return netip.Addr{}, nil, err
+	}
+	cfg.VXLAN = &stack.VXLANConfig{
+		Local:  vx.StackOuter,
+		Remote: vx.KernelOuter,
+		VNI:    uint32(vx.VNI),
+		Addrs:  []netip.Prefix{vx.StackInner4, vx.StackInner6},
+	}
+	dst = vx.StackInner4.Addr()
+	if v6 {
+		dst = vx.StackInner6.Addr()
+	}
+	return dst, func() { vx.Close() }, nil
 }

@@ -50,7 +50,9 @@ func openWire(bed *testbed.TAPBed, p Policy, cfg *stack.Config, queues int) erro
 			return err
 		}
 		var tap *driver.TAP
-		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true, TUN: bed.TUN})
+		// A VXLAN tunnel's super-frames come whole through a TAP with
+		// UDP tunnel GSO.
+		tap, err = driver.OpenTAP(driver.TAPConfig{Name: bed.TAPName, VnetHdr: true, Offloads: true, TUN: bed.TUN, UDPTunnel: cfg.VXLAN != nil})
 		if err == nil {
 			w = tap
 		}

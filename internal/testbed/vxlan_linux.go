@@ -169,3 +169,15 @@ func (b *TAPBed) AddVXLAN(cfg VXLANConfig) (*VXLAN, error) {
 	}
 	return v, nil
 }
+
+// Close removes the vxlan device (and with it its addresses and
+// neighbours). Removing one already gone is not an error.
+func (v *VXLAN) Close() error {
+	return v.NS.netlink(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(v.Name)
+		if err != nil {
+			return nil // gone with the namespace, or never made
+		}
+		return h.LinkDel(l)
+	})
+}
