@@ -150,7 +150,7 @@ type Driver struct {
 	txMu sync.Mutex
 	// +checklocks:txMu
 	txBuf []byte
-	txHdr int // the virtio-net header's length on the wire (wireVnetHdrLen)
+	txHdr int // +checklocksignore: the virtio-net header's length on the wire (wireVnetHdrLen), set by New, read-only after
 
 	startOnce sync.Once
 	closeOnce sync.Once

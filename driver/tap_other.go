@@ -16,6 +16,8 @@ type TAPConfig struct {
 	TUN bool
 	// MultiQueue opens one queue of a multi-queue device.
 	MultiQueue bool
+	// UDPTunnel makes the device carry UDP tunnel GSO.
+	UDPTunnel bool
 }
 
 // OpenTAPQueues returns ErrNotSupported outside Linux.
