@@ -223,7 +223,7 @@ type Config struct {
 	// poll loop takes its core, which a NIC never does, so on a machine
 	// whose cores the sender shares the timer fires on the model's own
 	// stalls. Off by default for that reason (docs/figures-2026-12.md,
-	// session 12).
+	// run 12).
 	CoalesceUsecs int
 	// BusyPoll makes the poll loop spin on an empty completion queue for up
 	// to this long before it sleeps waiting for the NIC's interrupt (0:

@@ -23,7 +23,7 @@ import (
 	"github.com/ustack/ustack/internal/testbed"
 )
 
-// xskgen modes, after the seed's xskgen: plain (a socket without TX
+// xskgen modes, after the TX metadata patch's xskgen: plain (a socket without TX
 // metadata), fill (-M: metadata reserved and filled in, XDP_TX_METADATA
 // not set) and request (-m: checksum offload and TX timestamp requested).
 const (
@@ -46,7 +46,7 @@ const (
 	xskgenRcvbuf = 64 << 20
 )
 
-// xskgenCmd is `ustack xskgen`: the seed's xskgen over an XSK socket on a
+// xskgenCmd is `ustack xskgen`: the TX metadata patch's xskgen over an XSK socket on a
 // TAP. It sends COUNT UDP/IPv4 frames of SIZE payload bytes to a kernel
 // UDP socket in the TAP's namespace and reports the send path's cost per
 // packet (the application loop, Kick and the TAP writes; the kernel's
@@ -206,7 +206,7 @@ func spread(v []float64) string {
 }
 
 // printXSKComparison prints every mode's cost per packet and its
-// difference against plain, as the seed's reviewer worked it out from
+// difference against plain, as the patch's reviewer worked it out from
 // mpps: (1/mpps(plain) - 1/mpps(mode)) * 1e3 ns is the negated difference.
 // The loop and Kick figures carry the TAP writes, microseconds each with
 // the kernel's receive processing, whose noise hides nanoseconds; the
@@ -218,7 +218,7 @@ func spread(v []float64) string {
 // machine's drift between rounds cancels out of it.
 func printXSKComparison(res []xskResult, rounds int) {
 	base := &res[xskPlain]
-	fmt.Printf("per packet over %d interleaved rounds (loop = application + Kick + TAP write, the seed's mpps; kick = inside Kick; socket = kick - TAP write):\n", rounds)
+	fmt.Printf("per packet over %d interleaved rounds (loop = application + Kick + TAP write, the patch's mpps; kick = inside Kick; socket = kick - TAP write):\n", rounds)
 	fmt.Printf("  %-10s  %11s  %26s  %11s  %11s  %26s  %22s  %22s\n", "mode", "loop ns", "paired vs plain (min..max)", "kick ns", "socket ns",
 		"paired vs plain (min..max)", "loop rounds min/med/max", "socket rounds min/med/max")
 	paired := func(a, b []float64) string {
@@ -457,7 +457,7 @@ func (g *xskGen) round(m, n int, deadline time.Time) (xskResult, error) {
 				free = free[:len(free)-1]
 				d := xsk.Desc{Addr: addr, Len: uint32(g.frameLen)}
 				if m != xskPlain {
-					// Per packet in -M and -m alike, as the seed's
+					// Per packet in -M and -m alike, as the patch's
 					// xskgen does (and -m must: a timestamp overwrites
 					// the offsets), so that -m against -M is the
 					// socket's cost of the request alone.

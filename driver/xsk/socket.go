@@ -456,7 +456,7 @@ func (s *Socket) validDesc(d Desc) bool {
 // is OptTxMetadata (d's completion and the write are the caller's): it
 // does what request does for a multi-buffer packet, and what xmit does
 // before the write, in one function and with the metadata read once: this
-// is the per-packet cost of a metadata request (the seed's -m). Keep them
+// is the per-packet cost of a metadata request (xskgen's -m). Keep them
 // in step with it. It returns the virtio-net header and the packet in the
 // scratch buffer and whether the packet asked for a TX timestamp, or nil
 // if the metadata is bad in copy mode (counted: the caller fails the Kick

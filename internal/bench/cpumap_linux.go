@@ -27,7 +27,7 @@ var cpumapWorkloads = []cpumapWorkload{
 	{"UDP 64 B, UDP_SEGMENT x64 (USO)", []string{"-mode", "udp", "-size", "64", "-gso", "64"}, false},
 	{"UDP 64 B, one per write", []string{"-mode", "udp", "-size", "64", "-gso", "0"}, false},
 	{"TCP_RR 1 B", []string{"-mode", "rr", "-size", "1"}, true},
-	// neper's tcp_rr with many flows, the seed's TCP_RR workload: 32
+	// neper's tcp_rr with many flows, the cpumap GRO patch's TCP_RR workload: 32
 	// connections, one transaction in flight on each.
 	{"TCP_RR 1 B, 32 flows", []string{"-mode", "rr", "-size", "1", "-P", "32"}, true},
 }

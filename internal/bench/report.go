@@ -1,6 +1,6 @@
 package bench
 
-// The bench matrix's model and its reports: cells, runs, the seed-form
+// The bench matrix's model and its reports: cells, runs, the mlx5 header-copy patch's form of the
 // comparison lines, the significance rule, and the text, JSON and CSV
 // outputs. Nothing here needs root or Linux; Matrix (matrix_linux.go)
 // measures.
@@ -24,12 +24,12 @@ import (
 // size, or UDP datagrams of a size.
 type matrixProto struct {
 	Name  string // as given to -proto
-	Label string // as the seed writes it
+	Label string // as the header-copy patch's matrix writes it
 	UDP   bool
 	Size  int // TCP write size or UDP datagram size, bytes
 }
 
-// matrixProtos are the matrix's workloads, in the seed's order.
+// matrixProtos are the matrix's workloads, in the header-copy patch's order.
 var matrixProtos = []matrixProto{
 	{"tcp512k", "TCP 512-Kbyte", false, 512 << 10},
 	{"tcp64k", "TCP 64-Kbyte", false, 64 << 10},
@@ -54,7 +54,7 @@ type matrixCell struct {
 	Tunnel string // off, on (VXLAN over IPv6, its super-frames whole through the TAP) or ip6tnl (segmented before the TAP)
 }
 
-// Label names the cell as the seed does: "TCP 512-Kbyte, core same, MTU
+// Label names the cell as the header-copy patch does: "TCP 512-Kbyte, core same, MTU
 // 1500, LRO on, tunnel off".
 func (c matrixCell) Label() string {
 	return fmt.Sprintf("%s, core %s, MTU %d, LRO %s, tunnel %s", c.Proto.Label, c.Core, c.MTU, c.LRO, c.Tunnel)
@@ -126,7 +126,7 @@ func oneOf(name, s string, allowed ...string) ([]string, error) {
 	return out, nil
 }
 
-// Cells lists the cells in the seed's report order: protocol, core, MTU,
+// Cells lists the cells in the header-copy patch's report order: protocol, core, MTU,
 // LRO, tunnel.
 func (d Dims) Cells() []matrixCell {
 	var out []matrixCell
@@ -322,7 +322,7 @@ func seedLine(label, unit string, a, b, pct float64) string {
 	return fmt.Sprintf("%s %s -> %s (%s)", label, fmtValue(unit, a), fmtValue(unit, b), pctArrow(pct))
 }
 
-// fmtValue writes a figure: Mbit/s with two decimals as the seed does,
+// fmtValue writes a figure: Mbit/s with two decimals as the header-copy patch does,
 // datagrams per second whole.
 func fmtValue(unit string, v float64) string {
 	if unit == "pps" {
@@ -374,7 +374,7 @@ func (r *matrixReport) bestUstack(c *matrixCellResult) float64 {
 }
 
 // Print writes the text report: one line per cell, then with A and B the
-// significant improvements and regressions in the seed's form, then the
+// significant improvements and regressions in the header-copy patch's form, then the
 // peers' summary and the skipped cells.
 func (r *matrixReport) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
