@@ -24,7 +24,8 @@ func startVXLANDriver(t *testing.T, cfg Config, h Handler) (*Driver, *MemWire) {
 	t.Helper()
 	a, b := NewMemPair(64, VirtioNetHdrTunnelLen+maxLROFrame+maxTunnelOuterLen)
 	copy(cfg.MAC[:], pkVxDstMAC)
-	cfg.Pool = testutil.NewPool(t, bufpool.Config{RingSize: 1 << 16, Poison: true})
+	pool := testutil.NewPool(t, bufpool.Config{RingSize: 1 << 16, Poison: true})
+	cfg.Pool = pool
 	cfg.VXLANPorts = []uint16{4789}
 	d, err := New(vnet24Wire{a}, cfg)
 	if err != nil {
@@ -34,6 +35,9 @@ func startVXLANDriver(t *testing.T, cfg Config, h Handler) (*Driver, *MemWire) {
 	t.Cleanup(func() {
 		closeWithin(t, d)
 		b.Close()
+		if n := pool.InUse(); n != 0 {
+			t.Errorf("pages in use after Close: got %d, want 0", n)
+		}
 	})
 	return d, b
 }
