@@ -233,6 +233,26 @@ func BenchmarkGRO(b *testing.B) {
 }
 
 func benchUstack(b *testing.B, wl workload, batch int, gro bool) {
+	benchUstackCfg(b, Config{}, wl, batch, gro)
+}
+
+// BenchmarkGROVXLAN runs ustack's engine with VXLAN GRO on
+// (Config.VXLANPorts): TCP writes in VXLAN, and plain TCP through the same
+// configuration.
+func BenchmarkGROVXLAN(b *testing.B) {
+	for _, wl := range []workload{
+		{"vxlan4-tcp4", layoutSplit, vxWrites(false, false, 2)},
+		{"vxlan6-tcp6-hds256", layout256, vxWrites(true, true, 2)},
+		{"plain-tcp4-1448", layoutSplit, tcpWrites(false, 2)},
+	} {
+		for _, batch := range []int{8, 64} {
+			name := fmt.Sprintf("%s/batch=%d", wl.name, batch)
+			b.Run(name, func(b *testing.B) { benchUstackCfg(b, vxCfg, wl, batch, true) })
+		}
+	}
+}
+
+func benchUstackCfg(b *testing.B, cfg Config, wl workload, batch int, gro bool) {
 	b.ReportAllocs()
 	pool, err := bufpool.New(bufpool.Config{})
 	if err != nil {
@@ -241,7 +261,7 @@ func benchUstack(b *testing.B, wl workload, batch int, gro bool) {
 	tm := newTemplates(b, pool, wl)
 	defer tm.release()
 	r := &releaser{}
-	e := New(Config{}, r)
+	e := New(cfg, r)
 	i, pkts := 0, 0
 	for b.Loop() {
 		for range batch {

@@ -1,6 +1,7 @@
 package gro
 
 import (
+	"math/bits"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -72,35 +73,57 @@ type entry struct {
 	segs    int    // wire frames merged, head included
 	nextSeq uint32 // TCP: sequence number the next segment must carry
 	id      uint16 // IPv4: the head's identification
-	fixedID bool   // IPv4: the ID stays fixed, decided by the second segment
-	flags   uint8  // TCP: FIN and PSH of merged segments, set in the head at flush
+	// fixedID is IPv4's ip_fixedid: the ID stays fixed, as the second
+	// segment decides; bit 0 for the packet's own header (a VXLAN
+	// packet's outer one), bit 1 for a VXLAN packet's inner one.
+	fixedID uint8
+	flags   uint8 // TCP: FIN and PSH of merged segments, set in the head at flush
 	v6      bool
 	proto   uint8
 
-	// A VXLAN packet (tun): the fields above are its inner packet's
-	// (l4 its inner TCP header, id its inner IPv4 ID, v6 its inner
-	// version; ipLen is the outer IP length), these its outer layer's.
-	tun      bool
-	ov6      bool   // outer IPv6
-	ofixedID bool   // outer IPv4: the ID stays fixed (ip_fixedid's bit 0; fixedID is bit 1)
-	oid      uint16 // outer IPv4: the head's identification
-	ol4      int    // offset of the outer UDP header
-	inner    int    // offset of the inner IP header
-	tkey     tunKey
+	// tun is the outer layer of a VXLAN packet, in one of its bucket's
+	// tunnel slots; nil for any other packet. The fields above are then
+	// its inner packet's (l4 its inner TCP header, id its inner IPv4 ID,
+	// v6 its inner version), but ipLen is the outer IP length. Kept out
+	// of line so that a plain packet's entry is no bigger than it was
+	// before tunnels.
+	tun *tunEnt
+}
+
+// tunEnt is the outer layer of a held VXLAN packet.
+type tunEnt struct {
+	tunnel
+	slot uint8 // its index in the bucket's tuns
 }
 
 // bucket holds the entries of one hash bucket, oldest first.
 type bucket struct {
 	n    int
 	ents [bucketCap]entry
+	// tuns are the slots of the tunnel layers of the bucket's VXLAN
+	// entries (entry.tun), tused the slots taken; nil without
+	// Config.VXLANPorts. A slot stays put while its entry moves up the
+	// bucket.
+	tuns  *[bucketCap]tunEnt
+	tused uint8
 }
 
-// find returns the index of the entry of flow k, or -1. A tunnelled
-// flow's key (keyTunnel) names its inner flow; t names its outer flow.
-func (b *bucket) find(k *flowKey, t *tunKey) int {
+// find returns the index of the entry of flow k, a packet's key that is
+// not a VXLAN packet's, or -1.
+func (b *bucket) find(k *flowKey) int {
 	for i := 0; i < b.n; i++ {
-		if o := &b.ents[i].key; o.e == k.e && o.a == k.a && o.b == k.b && o.c == k.c && o.d == k.d &&
-			o.f == k.f && o.g == k.g && o.h == k.h && (k.e&keyTunnel == 0 || b.ents[i].tkey == *t) {
+		if b.ents[i].key.eq(k) {
+			return i
+		}
+	}
+	return -1
+}
+
+// findTun is find for a VXLAN packet: k (with keyTunnel) names its inner
+// flow, t its outer one.
+func (b *bucket) findTun(k *flowKey, t *tunSeg) int {
+	for i := 0; i < b.n; i++ {
+		if ent := &b.ents[i]; ent.key.eq(k) && ent.tun.key.vx == t.key.vx && ent.tun.key.k.eq(&t.key.k) {
 			return i
 		}
 	}
@@ -117,6 +140,7 @@ type Engine struct {
 	timeout int64 // FlushTimeout in ns; 0 flushes at each batch end
 	maxSize int
 	vxPorts []uint16 // Config.VXLANPorts; read only, so Encap may read it anywhere
+	vx      *vxState // nil without Config.VXLANPorts; the engine's goroutine's only
 
 	held    int
 	heldMax int
@@ -133,6 +157,10 @@ func New(cfg Config, sink Sink) *Engine {
 	}
 	if len(cfg.VXLANPorts) > 0 {
 		e.vxPorts = append([]uint16(nil), cfg.VXLANPorts...)
+		e.vx = newVXState(e.vxPorts)
+		for i := range e.buckets {
+			e.buckets[i].tuns = &e.vx.tuns[i]
+		}
 	}
 	if e.maxSize <= 0 || e.maxSize > maxIPLen {
 		e.maxSize = maxIPLen
@@ -155,7 +183,7 @@ func (e *Engine) Held() int { return e.held }
 // first. now is a monotonic clock in ns, the same clock that EndBatch and
 // FlushOlderThan are given.
 func (e *Engine) Receive(p *bufpool.Packet, now int64) {
-	s := segInfo{l2: e.l2, vxPorts: e.vxPorts}
+	s := segInfo{l2: e.l2, vx: e.vx}
 	switch parse(p, &s) {
 	case passOther:
 		// Up at once, ahead of whatever is held, as dev_gro_receive's
@@ -166,8 +194,14 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		e.pass(p, &s)
 		return
 	case passFlow:
-		b := &e.buckets[bucketOf(p, &s)]
-		if i := b.find(&s.key, &s.tkey); i >= 0 {
+		b := &e.buckets[bucketOf(p, &s.key)]
+		i := -1
+		if s.t == nil {
+			i = b.find(&s.key)
+		} else {
+			i = b.findTun(&s.key, s.t)
+		}
+		if i >= 0 {
 			e.flush(b, i, flushMismatch)
 		}
 		e.pass(p, &s)
@@ -176,8 +210,14 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 	if s.csum == csumGood {
 		e.stats.CsumSoftware.Add(1)
 	}
-	b := &e.buckets[bucketOf(p, &s)]
-	if i := b.find(&s.key, &s.tkey); i >= 0 {
+	b := &e.buckets[bucketOf(p, &s.key)]
+	i := -1
+	if s.t == nil {
+		i = b.find(&s.key)
+	} else {
+		i = b.findTun(&s.key, s.t)
+	}
+	if i >= 0 {
 		ent := &b.ents[i]
 		var merged, done bool
 		var why flushReason
@@ -216,16 +256,13 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 // is not a fragment, and GRO merges no fragment).
 //
 // A VXLAN packet's RSS hash is its outer headers' (whose UDP source port
-// the sender set from the inner flow's hash); without one, its inner and
-// outer keys are mixed (flowKey.bucket).
-func bucketOf(p *bufpool.Packet, s *segInfo) int {
+// the sender set from the inner flow's hash); without one, its key's h
+// word mixes its inner and outer flows (parseVXLAN).
+func bucketOf(p *bufpool.Packet, k *flowKey) int {
 	if p.HashType != bufpool.HashNone {
 		return int(p.Hash & (numBuckets - 1))
 	}
-	if s.tun {
-		return bucketOfSum(s.key.sum() ^ s.tkey.k.sum()*0x9e3779b97f4a7c15 ^ s.tkey.vx)
-	}
-	return s.key.bucket()
+	return k.bucket()
 }
 
 // EndBatch ends a poll batch: with FlushTimeout 0 it hands up everything
@@ -260,7 +297,7 @@ func (e *Engine) FlushOlderThan(age time.Duration, now int64) {
 // pass hands p, parsed into s, up untouched.
 func (e *Engine) pass(p *bufpool.Packet, s *segInfo) {
 	e.stats.Passthrough.Add(1)
-	if s.vxlan {
+	if s.t != nil {
 		e.stats.TunnelPassthrough.Add(1)
 	}
 	e.sink.Deliver(p)
@@ -289,12 +326,9 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 		id:      s.id,
 		v6:      s.v6,
 		proto:   s.proto,
-		tun:     s.tun,
-		ov6:     s.ov6,
-		oid:     s.oid,
-		ol4:     s.ol4,
-		inner:   s.inner,
-		tkey:    s.tkey,
+	}
+	if s.t != nil {
+		b.holdTunnel(&b.ents[b.n], s.t)
 	}
 	b.n++
 	e.held++
@@ -302,6 +336,15 @@ func (e *Engine) hold(b *bucket, p *bufpool.Packet, s *segInfo, now int64) {
 		e.heldMax = e.held
 		e.stats.HeldMax.Store(uint64(e.heldMax))
 	}
+}
+
+// holdTunnel gives ent, a new entry of b, a tunnel slot for the outer layer
+// t of its head. A bucket has a slot for each of its entries.
+func (b *bucket) holdTunnel(ent *entry, t *tunSeg) {
+	i := bits.TrailingZeros8(^b.tused)
+	b.tused |= 1 << i
+	ent.tun = &b.tuns[i]
+	*ent.tun = tunEnt{tunnel: t.tunnel, slot: uint8(i)}
 }
 
 // mergeTCP is tcp_gro_receive for a segment of ent's flow. merged reports
@@ -395,42 +438,53 @@ func (e *Engine) mergeUDP(ent *entry, p *bufpool.Packet, s *segInfo) (merged, do
 // ("if (NAPI_GRO_CB(p)->encap_mark)") both the outer header
 // (network_offsets[0]) and the inner one (network_offsets[1]) are checked,
 // each with its own bit of ip_fixedid ("ip_fixedid |= 1 << inner"): an
-// outer ID, too, must be fixed or go up by one per segment.
+// outer ID, too, must be fixed or go up by one per segment. The outer
+// header is checked first, and a mismatch there returns at once: ent is
+// flushed either way, so the inner header's fixed bit no longer matters.
+//
+// One loop checks both levels, so that a plain packet's header is checked
+// without a call.
 func (e *Engine) sameNet(ent *entry, h, n []byte, s *segInfo) bool {
-	if ent.tun {
-		outer := sameIP(h, n, e.l2, ent.ov6, s.oid-ent.oid, ent.segs, &ent.ofixedID)
-		inner := sameIP(h, n, ent.inner, ent.v6, s.id-ent.id, ent.segs, &ent.fixedID)
-		return outer && inner
+	ip, v6, off, bit := e.l2, ent.v6, s.id-ent.id, uint8(1)
+	t := ent.tun
+	if t != nil {
+		v6, off = t.ov6, s.t.oid-t.oid
 	}
-	return sameIP(h, n, e.l2, ent.v6, s.id-ent.id, ent.segs, &ent.fixedID)
-}
-
-// sameIP is __gro_receive_network_flush (negated) for the IP headers at ip
-// of the held packet h and the segment n: off is n's IPv4 ID less h's, segs
-// the segments merged so far (NAPI_GRO_CB(p)->count), fixed the flow's
-// ip_fixedid bit of this header.
-func sameIP(h, n []byte, ip int, v6 bool, off uint16, segs int, fixed *bool) bool {
-	if v6 {
-		// "first_word & htonl(0x0FF00000)", "iph->hop_limit ^
-		// iph2->hop_limit".
-		return (be32(h[ip:])^be32(n[ip:]))&0x0ff00000 == 0 && h[ip+7] == n[ip+7]
+	for {
+		if v6 {
+			// "first_word & htonl(0x0FF00000)", "iph->hop_limit ^
+			// iph2->hop_limit".
+			if (be32(h[ip:])^be32(n[ip:]))&0x0ff00000 != 0 || h[ip+7] != n[ip+7] {
+				return false
+			}
+		} else {
+			const df = 0x40
+			tos, flags, ttl := ip+1, ip+6, ip+8
+			if h[tos] != n[tos] || h[ttl] != n[ttl] || (h[flags]^n[flags])&df != 0 {
+				return false
+			}
+			// "if (count == 1 && !ipid_offset) NAPI_GRO_CB(p)->ip_fixedid
+			// |= 1 << inner"; "return ipid_offset ^ (count *
+			// !(NAPI_GRO_CB(p)->ip_fixedid & (1 << inner)))". count
+			// counts the segments merged so far, a GSO packet's all of
+			// them.
+			if ent.segs == 1 && off == 0 {
+				ent.fixedID |= bit
+			}
+			want := uint16(ent.segs)
+			if ent.fixedID&bit != 0 {
+				want = 0
+			}
+			if off != want {
+				return false
+			}
+		}
+		if t == nil {
+			return true
+		}
+		// A VXLAN packet's inner header.
+		ip, v6, off, bit, t = t.inner, ent.v6, s.id-ent.id, 2, nil
 	}
-	const df = 0x40
-	tos, flags, ttl := ip+1, ip+6, ip+8
-	if h[tos] != n[tos] || h[ttl] != n[ttl] || (h[flags]^n[flags])&df != 0 {
-		return false
-	}
-	// "if (count == 1 && !ipid_offset) NAPI_GRO_CB(p)->ip_fixedid |= 1
-	// << inner"; "return ipid_offset ^ (count *
-	// !(NAPI_GRO_CB(p)->ip_fixedid & (1 << inner)))". count counts the
-	// segments merged so far, a GSO packet's all of them.
-	if segs == 1 && off == 0 {
-		*fixed = true
-	}
-	if *fixed {
-		return off == 0
-	}
-	return off == uint16(segs)
 }
 
 // append moves p's payload to ent as skb_gro_receive does: by frags, onto
@@ -501,6 +555,9 @@ func moveFrags(t, p *bufpool.Packet, s *segInfo) bool {
 // flush hands up entry i of b, for reason why, and removes it.
 func (e *Engine) flush(b *bucket, i int, why flushReason) {
 	e.complete(&b.ents[i], why)
+	if t := b.ents[i].tun; t != nil {
+		b.tused &^= 1 << t.slot
+	}
 	copy(b.ents[i:b.n-1], b.ents[i+1:b.n])
 	b.n--
 	b.ents[b.n] = entry{}
@@ -516,7 +573,7 @@ func (e *Engine) flushAll(why flushReason) {
 			b.ents[i] = entry{}
 		}
 		e.held -= b.n
-		b.n = 0
+		b.n, b.tused = 0, 0
 	}
 }
 
@@ -541,7 +598,7 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 	if ent.segs > 1 {
 		l := h.Linear
 		switch {
-		case ent.tun:
+		case ent.tun != nil:
 			e.completeTunnel(ent, l)
 		case ent.v6:
 			be16put(l[e.l2+4:], uint16(ent.ipLen-ipv6HdrLen))
@@ -560,7 +617,7 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 		e.stats.Packets.Add(uint64(ent.segs))
 		e.stats.SKBs.Add(1)
 		e.stats.Bytes.Add(uint64(e.l2 + ent.ipLen))
-		if ent.tun {
+		if ent.tun != nil {
 			e.stats.TunnelPackets.Add(uint64(ent.segs))
 			e.stats.TunnelSKBs.Add(1)
 			e.stats.TunnelBytes.Add(uint64(e.l2 + ent.ipLen))
@@ -584,17 +641,18 @@ func (e *Engine) complete(ent *entry, why flushReason) {
 // kernel's CHECKSUM_UNNECESSARY), and a zero outer UDP checksum stays zero,
 // no checksum.
 func (e *Engine) completeTunnel(ent *entry, l []byte) {
-	if ent.ov6 {
+	t := ent.tun
+	if t.ov6 {
 		be16put(l[e.l2+4:], uint16(ent.ipLen-ipv6HdrLen))
 	} else {
 		setIPv4Len(l[e.l2:e.l2+ipv4HdrLen], ent.ipLen)
 	}
-	be16put(l[ent.ol4+4:], uint16(ent.ipLen-(ent.ol4-e.l2)))
-	innerLen := ent.ipLen - (ent.inner - e.l2)
+	be16put(l[t.ol4+4:], uint16(ent.ipLen-(t.ol4-e.l2)))
+	innerLen := ent.ipLen - (t.inner - e.l2)
 	if ent.v6 {
-		be16put(l[ent.inner+4:], uint16(innerLen-ipv6HdrLen))
+		be16put(l[t.inner+4:], uint16(innerLen-ipv6HdrLen))
 	} else {
-		setIPv4Len(l[ent.inner:ent.inner+ipv4HdrLen], innerLen)
+		setIPv4Len(l[t.inner:t.inner+ipv4HdrLen], innerLen)
 	}
 }
 

@@ -94,10 +94,13 @@ const (
 // segInfo is what parse learns from a packet's headers. It holds no
 // reference to the packet.
 type segInfo struct {
-	l2      int // offset of the IP header: the Ethernet header's length, or 0 (Config.L3)
-	key     flowKey
-	proto   uint8 // protoTCP, protoUDP
-	v6      bool
+	l2    int // offset of the IP header: the Ethernet header's length, or 0 (Config.L3)
+	key   flowKey
+	proto uint8 // protoTCP, protoUDP
+	v6    bool
+	// csum is what GRO's software check of a CHECKSUM_NONE packet found:
+	// csumNone if it did not check.
+	csum    csumResult
 	l4      int    // offset of the L4 header in the frame
 	hlen    int    // offset of the L4 payload: Ethernet, IP and L4 headers
 	payload int    // L4 payload bytes
@@ -108,29 +111,16 @@ type segInfo struct {
 	// of its segs segments; gsoSize is 0 for a single frame.
 	gsoSize int
 	segs    int
-	// csum is what GRO's software check of a CHECKSUM_NONE packet found:
-	// csumNone if it did not check.
-	csum csumResult
 
-	// vxPorts are the engine's VXLAN ports (Config.VXLANPorts).
-	vxPorts []uint16
-	// vxlan: a UDP datagram to one of vxPorts, which the kernel hands to
-	// the vxlan socket's gro_receive (udp_gro_receive).
-	vxlan bool
-	// tun: a VXLAN packet parsed past its VXLAN header; then key, v6,
-	// proto, id, l4, hlen and payload are the inner packet's, and the
-	// fields below the outer one's.
-	tun   bool
-	tkey  tunKey // the outer flow: outer addresses, ports, Ethernet, VXLAN header
-	ov6   bool   // outer IPv6
-	oid   uint16 // outer IPv4 identification
-	ol4   int    // offset of the outer UDP header
-	inner int    // offset of the inner IP header
-	// osum is the one's complement sum of the bytes from the outer UDP
-	// header to the end, valid with osumOK: the outer checksum was
-	// checked in software and the inner one is checked from it.
-	osum   uint16
-	osumOK bool
+	// vx is the engine's VXLAN state, nil without Config.VXLANPorts.
+	vx *vxState
+	// t is the outer layer of a UDP datagram to one of vx's ports, which
+	// the kernel hands to the vxlan socket's gro_receive
+	// (udp_gro_receive); nil for any other packet. It points at vx's
+	// scratch, so that a plain packet's segInfo carries no tunnel state
+	// to clear or copy. Once parseVXLAN has gone past the VXLAN header,
+	// key, v6, proto, id, l4, hlen and payload are the inner packet's.
+	t *tunSeg
 }
 
 // csumResult is the outcome of GRO's software checksum check.
@@ -200,25 +190,24 @@ func parse(p *bufpool.Packet, s *segInfo) verdict {
 	return passOther
 }
 
-// macKey returns the Ethernet addresses of the frame b for a flow key's f
-// and g (the upper half), or zeros for a TUN's packet, which has none. For
-// the inner packet of a VXLAN packet (s.tun) they are the inner Ethernet
-// header's, before the inner IP header at ip (eth_gro_receive:
-// compare_ether_header).
-func macKey(b []byte, s *segInfo, ip int) (f, g uint64) {
-	if s.tun {
-		m := b[ip-header.EthernetMinimumSize:]
-		return be64(m), uint64(be32(m[8:])) << 32
-	}
-	if s.l2 == 0 {
+// macKey returns the Ethernet addresses of the frame b before the IP
+// header at ip, for a flow key's f and g (the upper half), or zeros for a
+// TUN's packet (ip 0), which has none. For the inner packet of a VXLAN
+// packet they are the inner Ethernet header's (eth_gro_receive:
+// compare_ether_header), which ends where the inner IP header starts, as
+// an Ethernet frame's own ends at its IP header.
+func macKey(b []byte, ip int) (f, g uint64) {
+	if ip == 0 {
 		return 0, 0
 	}
-	return be64(b), uint64(be32(b[8:])) << 32
+	m := b[ip-header.EthernetMinimumSize:]
+	return be64(m), uint64(be32(m[8:])) << 32
 }
 
 // parse4 parses an IPv4 packet (RFC 791 section 3.1) at offset at of b as
 // inet_gro_receive does: the packet's own, or a VXLAN packet's inner one
-// (s.tun). flush is NAPI_GRO_CB(skb)->flush as the outer layers left it.
+// (s.t set; parseVXLAN marks its key). flush is NAPI_GRO_CB(skb)->flush as
+// the outer layers left it.
 func parse4(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict {
 	if len(b) < at+ipv4HdrLen {
 		return passOther
@@ -241,13 +230,10 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict
 	s.v6, s.proto = false, proto
 	// The Ethernet header is part of the flow (gro_list_prepare:
 	// compare_ether_header): destination and source in f and g.
-	f, g := macKey(b, s, at)
+	f, g := macKey(b, at)
 	s.key = flowKey{a: uint64(be32(ip.SourceAddressSlice()))<<32 | uint64(be32(ip.DestinationAddressSlice())),
 		f: f, g: g}
 	s.key.setProto(4, proto)
-	if s.tun {
-		s.key.e |= keyTunnel
-	}
 	s.l4 = at + ipv4HdrLen
 	s.id = ip.ID()
 	tot := int(ip.TotalLength())
@@ -265,7 +251,7 @@ func parse4(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict
 // (hop-by-hop, routing, destination options: INET6_PROTO_GSO_EXTHDR) are
 // part of the flow, byte for byte; any other (a fragment header) is handed
 // up. The packet is the frame's own or a VXLAN packet's inner one
-// (s.tun); flush is as for parse4.
+// (s.t set; parseVXLAN marks its key); flush is as for parse4.
 func parse6(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict {
 	if len(b) < at+ipv6HdrLen {
 		return passOther
@@ -286,16 +272,13 @@ func parse6(p *bufpool.Packet, b []byte, s *segInfo, at int, flush bool) verdict
 	// ipv6_gro_receive's same flow: "first_word & htonl(0xF00FFFFF)"
 	// (version and flow label), the addresses, the first next header and
 	// the extension headers' bytes (here by hash).
-	f, g := macKey(b, s, at)
+	f, g := macKey(b, at)
 	s.key = flowKey{a: be64(src), b: be64(src[8:]), c: be64(dst), d: be64(dst[8:]), f: f,
 		g: g | uint64(be32(ip)&0xfffff)<<8 | uint64(first)}
 	if ext := b[at+ipv6HdrLen : l4]; len(ext) > 0 {
 		s.key.h = extHash(ext)
 	}
 	s.key.setProto(6, nh)
-	if s.tun {
-		s.key.e |= keyTunnel
-	}
 	plen := int(ip.PayloadLength())
 	// ipv6_gro_receive's flush: "ntohs(iph->payload_len) !=
 	// skb_gro_len(skb)".
@@ -340,87 +323,106 @@ func ipv6Walk(b []byte, off int) (proto uint8, l4 int) {
 // parseL4 checks the TCP (RFC 9293 section 3.1) or UDP (RFC 768) header at
 // s.l4 and fills the rest of s. n is frameLen(p); ipFlush is the IP
 // layer's NAPI_GRO_CB(skb)->flush. src and dst are the IP addresses, for the
-// pseudo-header.
+// pseudo-header. UDP goes on in parseVXLAN (to a VXLAN port) or parseUDP,
+// so that the TCP path holds no call but l4Valid's, and no value of it
+// lives across one.
 func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ipFlush bool) verdict {
 	if n != p.Len {
 		// A Len that does not add up: nothing to trust.
 		return passOther
 	}
-	groLen := n - s.l4 // skb_gro_len at the L4 header
 	if len(b) < s.l4+4 {
 		// The ports are out of the header copy's reach.
 		return passOther
 	}
 	s.key.setPorts(be32(b[s.l4:]))
 	if s.proto == protoUDP {
-		if s.tun {
-			// A VXLAN packet's inner UDP datagram: udp4_gro_receive or
-			// udp6_gro_receive, then udp_gro_receive with encap_mark set
-			// (another tunnel) or with no socket that asks for UDP GRO
-			// ("no GRO, be sure flush the current packet"): up at once,
-			// unmerged. (Its checksum is left to the stack; the kernel's
-			// udp4_gro_receive would check it first, which changes
-			// nothing but rx_gro_csum_bad.)
-			return passOther
-		}
-		if isVXLANPort(s.vxPorts, be16(b[s.l4+2:])) {
+		if s.vx != nil && s.t == nil && isVXLANPort(s.vx.ports, be16(b[s.l4+2:])) {
 			return parseVXLAN(p, b, s, src, dst, n, ipFlush)
 		}
+		return parseUDP(p, b, s, src, dst, n, ipFlush)
 	}
 	if p.Next != nil {
 		// dev_gro_receive: "flush = skb_has_frag_list(skb)".
 		return passFlow
 	}
 	s.segs, s.gsoSize = 1, 0
-	if s.proto == protoTCP {
-		if len(b) < s.l4+tcpMinHdrLen {
-			return passFlow
-		}
-		tcp := header.TCP(b[s.l4 : s.l4+tcpMinHdrLen]) // the fixed header: options are not read
-		doff := int(tcp.DataOffset())
-		if !ipFlush && !p.CsumVerified && !l4Valid(p, s, src, dst, groLen) {
-			// tcp4_gro_receive, tcp6_gro_receive: "Don't bother
-			// verifying checksum if we're going to flush anyway."
-			return passOther
-		}
-		if doff < tcpMinHdrLen || doff > groLen {
-			// tcp_gro_pull_header.
-			return passOther
-		}
-		s.hlen = s.l4 + doff
-		s.payload = groLen - doff
-		s.seq = tcp.SequenceNumber()
-		s.flags = uint8(tcp.Flags())
-		if p.GSOSize > 0 && s.payload > int(p.GSOSize) {
-			// A GSO (LRO) packet: dev_gro_receive counts its
-			// gso_segs, tcp_gro_receive requires its gso_size.
-			s.gsoSize = int(p.GSOSize)
-			s.segs = (s.payload + s.gsoSize - 1) / s.gsoSize
-		}
-	} else {
-		if len(b) < s.l4+udpHdrLen {
-			return passFlow
-		}
-		udp := header.UDP(b[s.l4 : s.l4+udpHdrLen])
-		if !ipFlush && !p.CsumVerified && udp.Checksum() != 0 && !l4Valid(p, s, src, dst, groLen) {
-			// udp4_gro_receive, udp6_gro_receive:
-			// skb_gro_checksum_validate_zero_check.
-			return passOther
-		}
-		ulen := int(udp.Length())
-		if udp.Checksum() == 0 || ulen <= udpHdrLen || ulen != groLen {
-			// udp_gro_receive_segment: "requires non zero csum, for
-			// symmetry with GSO"; "Do not deal with padded or
-			// malicious packets, sorry !"
-			return passOther
-		}
-		if p.GSOSize > 0 && ulen-udpHdrLen > int(p.GSOSize) {
-			// dev_gro_receive: GSO other than TCP flushes.
-			return passFlow
-		}
-		s.hlen = s.l4 + udpHdrLen
-		s.payload = ulen - udpHdrLen
+	if len(b) < s.l4+tcpMinHdrLen {
+		return passFlow
 	}
+	groLen := n - s.l4                             // skb_gro_len at the L4 header
+	tcp := header.TCP(b[s.l4 : s.l4+tcpMinHdrLen]) // the fixed header: options are not read
+	doff := int(tcp.DataOffset())
+	if !ipFlush && !p.CsumVerified && !l4Valid(p, s, src, dst, groLen) {
+		// tcp4_gro_receive, tcp6_gro_receive: "Don't bother
+		// verifying checksum if we're going to flush anyway."
+		return passOther
+	}
+	if doff < tcpMinHdrLen || doff > groLen {
+		// tcp_gro_pull_header.
+		return passOther
+	}
+	s.hlen = s.l4 + doff
+	s.payload = groLen - doff
+	s.seq = tcp.SequenceNumber()
+	s.flags = uint8(tcp.Flags())
+	if p.GSOSize > 0 && s.payload > int(p.GSOSize) {
+		// A GSO (LRO) packet: dev_gro_receive counts its
+		// gso_segs, tcp_gro_receive requires its gso_size.
+		s.gsoSize = int(p.GSOSize)
+		s.segs = (s.payload + s.gsoSize - 1) / s.gsoSize
+	}
+	return finalL4(p, b, s, ipFlush)
+}
+
+// parseUDP is parseL4 for a UDP datagram (s.proto protoUDP, the ports in
+// s.key) that does not go to a VXLAN port: UDP GRO's
+// (udp_gro_receive_segment).
+func parseUDP(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ipFlush bool) verdict {
+	if s.t != nil {
+		// A VXLAN packet's inner UDP datagram: udp4_gro_receive or
+		// udp6_gro_receive, then udp_gro_receive with encap_mark set
+		// (another tunnel) or with no socket that asks for UDP GRO
+		// ("no GRO, be sure flush the current packet"): up at once,
+		// unmerged. (Its checksum is left to the stack; the kernel's
+		// udp4_gro_receive would check it first, which changes
+		// nothing but rx_gro_csum_bad.)
+		return passOther
+	}
+	if p.Next != nil {
+		// dev_gro_receive: "flush = skb_has_frag_list(skb)".
+		return passFlow
+	}
+	s.segs, s.gsoSize = 1, 0
+	if len(b) < s.l4+udpHdrLen {
+		return passFlow
+	}
+	groLen := n - s.l4 // skb_gro_len at the L4 header
+	udp := header.UDP(b[s.l4 : s.l4+udpHdrLen])
+	if !ipFlush && !p.CsumVerified && udp.Checksum() != 0 && !l4Valid(p, s, src, dst, groLen) {
+		// udp4_gro_receive, udp6_gro_receive:
+		// skb_gro_checksum_validate_zero_check.
+		return passOther
+	}
+	ulen := int(udp.Length())
+	if udp.Checksum() == 0 || ulen <= udpHdrLen || ulen != groLen {
+		// udp_gro_receive_segment: "requires non zero csum, for
+		// symmetry with GSO"; "Do not deal with padded or
+		// malicious packets, sorry !"
+		return passOther
+	}
+	if p.GSOSize > 0 && ulen-udpHdrLen > int(p.GSOSize) {
+		// dev_gro_receive: GSO other than TCP flushes.
+		return passFlow
+	}
+	s.hlen = s.l4 + udpHdrLen
+	s.payload = ulen - udpHdrLen
+	return finalL4(p, b, s, ipFlush)
+}
+
+// finalL4 is parseL4's last word on a TCP segment or UDP datagram whose
+// header checked out.
+func finalL4(p *bufpool.Packet, b []byte, s *segInfo, ipFlush bool) verdict {
 	if ipFlush {
 		return passFlow
 	}
@@ -438,17 +440,17 @@ func parseL4(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, ip
 // 8.1), and if so sets p.CsumVerified: __skb_gro_checksum_validate for a
 // CHECKSUM_NONE packet, which then counts as CHECKSUM_UNNECESSARY. For the
 // inner segment of a VXLAN packet whose outer UDP checksum was checked
-// (s.osumOK) the sum of its bytes is the outer one's less the headers
+// (s.t.osumOK) the sum of its bytes is the outer one's less the headers
 // between: __skb_gro_checksum_validate_complete with the csum_valid
 // NAPI_GRO_CB(skb)->csum that skb_gro_postpull_rcsum kept past each header
 // pulled, instead of a second pass over the payload.
 func l4Valid(p *bufpool.Packet, s *segInfo, src, dst []byte, l4Len int) bool {
 	var sum uint16
-	if s.osumOK {
+	if t := s.t; t != nil && t.osumOK {
 		// The headers are in the linear part, and an even number of
 		// bytes long (16 for UDP and VXLAN, 14 for Ethernet, 20 or a
 		// multiple of 8 for IP), so the bytes keep their parity.
-		sum = checksum.Combine(s.osum, ^checksum.Checksum(p.Linear[s.ol4:s.l4], 0))
+		sum = checksum.Combine(t.osum, ^checksum.Checksum(p.Linear[t.ol4:s.l4], 0))
 	} else {
 		sum = rawSum(p, s.l4)
 	}

@@ -55,6 +55,38 @@ type tunKey struct {
 	vx uint64
 }
 
+// tunnel is the outer layer of a VXLAN packet, as parseVXLAN found it: what
+// the engine checks and fixes beyond the inner packet's fields.
+type tunnel struct {
+	key   tunKey // the outer flow: outer addresses, ports, Ethernet, VXLAN header
+	ol4   int    // offset of the outer UDP header
+	inner int    // offset of the inner IP header
+	oid   uint16 // outer IPv4 identification
+	ov6   bool   // outer IPv6
+}
+
+// tunSeg is the outer layer of the VXLAN packet being parsed (segInfo.t).
+type tunSeg struct {
+	tunnel
+	// osum is the one's complement sum of the bytes from the outer UDP
+	// header to the end, valid with osumOK: the outer checksum was
+	// checked in software and the inner one is checked from it.
+	osum   uint16
+	osumOK bool
+}
+
+// vxState is an engine's VXLAN state, which only its goroutine touches:
+// the ports, the outer layer of the packet being parsed (one at a time;
+// segInfo.t points at seg), and the tunnel slots of the buckets
+// (bucket.tuns).
+type vxState struct {
+	ports []uint16
+	seg   tunSeg
+	tuns  [numBuckets][bucketCap]tunEnt
+}
+
+func newVXState(ports []uint16) *vxState { return &vxState{ports: ports} }
+
 // isVXLANPort reports whether port is one of ports: whether the kernel's
 // udp4_gro_lookup_skb or udp6_gro_lookup_skb would find a vxlan socket
 // for it.
@@ -84,7 +116,13 @@ func isVXLANPort(ports []uint16, port uint16) bool {
 // handler for (eth_gro_receive: gro_find_receive_by_type), and what parse4
 // and parse6 hand up of the inner packet (inner UDP included).
 func parseVXLAN(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int, flush bool) verdict {
-	s.vxlan = true
+	// The engine's scratch for the outer layer: osumOK says whether osum
+	// is valid, and every other field is set below before anything reads
+	// it (a packet handed up before then is only counted as VXLAN, by
+	// s.t), so a packet need not clear it.
+	t := &s.vx.seg
+	t.osumOK = false
+	s.t = t
 	ol4 := s.l4
 	if len(b) < ol4+udpHdrLen+vxlanHdrLen+ethHdrLen {
 		// udp_gro_udphdr, vxlan_gro_prepare_receive, eth_gro_receive:
@@ -105,9 +143,9 @@ func parseVXLAN(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int,
 			s.csum = csumBad
 			return passOther
 		}
-		s.csum, s.osum, s.osumOK = csumGood, sum, true
+		s.csum, t.osum, t.osumOK = csumGood, sum, true
 	}
-	if check != 0 && !p.CsumVerified && !s.osumOK {
+	if check != 0 && !p.CsumVerified && !t.osumOK {
 		// udp_gro_receive: the checksum is not verified and was not
 		// checked ("Don't bother verifying checksum if we're going to
 		// flush anyway"): "goto out", no tunnel GRO.
@@ -119,24 +157,36 @@ func parseVXLAN(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int,
 	// VXLAN_F_REMCSUM_RX) is not supported: the RCO bit is one of the
 	// flags, compared like the others.
 	vx := ol4 + udpHdrLen
-	s.tun, s.ol4, s.ov6, s.oid = true, ol4, s.v6, s.id
-	s.tkey = tunKey{k: s.key, vx: be64(b[vx:])}
+	t.ol4, t.ov6, t.oid = ol4, s.v6, s.id
+	t.key = tunKey{k: s.key, vx: be64(b[vx:])}
 	if check != 0 {
-		s.tkey.k.e |= keyCsum
+		t.key.k.e |= keyCsum
 	}
-	s.inner = vx + vxlanHdrLen + ethHdrLen
+	t.inner = vx + vxlanHdrLen + ethHdrLen
 	// eth_gro_receive: compare_ether_header (in the inner flow key, by
-	// parse4 and parse6), then the EtherType's gro_receive.
-	switch be16(b[s.inner-2:]) {
+	// parse4 and parse6), then the EtherType's gro_receive. The inner key
+	// is marked as a tunnelled flow's; parseL4 keeps the version byte.
+	var v verdict
+	switch be16(b[t.inner-2:]) {
 	case uint16(header.IPv4ProtocolNumber):
-		return parse4(p, b, s, s.inner, flush)
+		v = parse4(p, b, s, t.inner, flush)
 	case uint16(header.IPv6ProtocolNumber):
-		return parse6(p, b, s, s.inner, flush)
+		v = parse6(p, b, s, t.inner, flush)
+	default:
+		// ARP, and any other: no gro_receive here ("flush = 1").
+		// VLAN-tagged (vlan_gro_receive) and Ethernet-in-Ethernet
+		// (ETH_P_TEB) inner frames, which the kernel would go on with,
+		// go up too.
+		return passOther
 	}
-	// ARP, and any other: no gro_receive here ("flush = 1"). VLAN-tagged
-	// (vlan_gro_receive) and Ethernet-in-Ethernet (ETH_P_TEB) inner
-	// frames, which the kernel would go on with, go up too.
-	return passOther
+	// Without an RSS hash the bucket is the key's (flowKey.bucket): the
+	// outer flow's mix is folded into the h word, which sum takes as it
+	// is. Two keys whose outer flows are equal are equal with it as
+	// without it, and a key with another outer flow is told apart by
+	// findTun anyway.
+	s.key.e |= keyTunnel
+	s.key.h ^= t.key.k.sum()*0x9e3779b97f4a7c15 ^ t.key.vx
+	return v
 }
 
 // GSOType is a merged packet's GSO type: the kernel's

@@ -637,9 +637,9 @@ func TestVXLANChecksumFromOuterSum(t *testing.T) {
 				w.put(p, b.frame[off:min(off+n, len(b.frame))], 0)
 			}
 			p.Len, p.HdrLen = len(b.frame), b.hlen
-			s := segInfo{l2: header.EthernetMinimumSize, vxPorts: vxCfg.VXLANPorts}
+			s := segInfo{l2: header.EthernetMinimumSize, vx: newVXState(vxCfg.VXLANPorts)}
 			v := parse(p, &s)
-			if !s.osumOK {
+			if s.t == nil || !s.t.osumOK {
 				t.Fatalf("n %d: the outer checksum was not checked", k)
 			}
 			wantV, wantCsum := candidate, csumGood
