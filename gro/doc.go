@@ -106,10 +106,11 @@
 //   - UDP datagrams are always merged; the kernel merges them only for a
 //     socket with UDP_GRO, with rx-udp-gro-forwarding, or with fraglist
 //     GRO (udp_gro_receive). TestKernelDiff sends TCP only.
-//   - Flows hash into 8 buckets of 8 (GRO_HASH_BUCKETS, MAX_GRO_SKBS) by
-//     the engine's own hash; the kernel hashes by skb->hash (the NIC's RSS
-//     hash), so which flow a full bucket evicts (gro_flush_oldest), and the
-//     order in which flows leave at a batch end (gro_flush), can differ.
+//   - Flows go into 8 buckets of 8 (GRO_HASH_BUCKETS, MAX_GRO_SKBS) by
+//     the low bits of the NIC's RSS hash, or into bucket 0 without one, as
+//     the kernel's by skb->hash; but two packets of one flow whose hashes
+//     differ in their high bits (or of which one has none) are the same
+//     flow here, where gro_list_prepare tells them apart.
 //   - Adjacent frags on one page are coalesced (the SHAMPO coalescing patch's hardware GRO
 //     placement); skb_gro_receive never coalesces, so its packets reach
 //     MAX_SKB_FRAGS sooner.

@@ -194,7 +194,7 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 		e.pass(p, &s)
 		return
 	case passFlow:
-		b := &e.buckets[bucketOf(p, &s.key)]
+		b := &e.buckets[bucketOf(p)]
 		i := -1
 		if s.t == nil {
 			i = b.find(&s.key)
@@ -210,7 +210,7 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 	if s.csum == csumGood {
 		e.stats.CsumSoftware.Add(1)
 	}
-	b := &e.buckets[bucketOf(p, &s.key)]
+	b := &e.buckets[bucketOf(p)]
 	i := -1
 	if s.t == nil {
 		i = b.find(&s.key)
@@ -246,23 +246,22 @@ func (e *Engine) Receive(p *bufpool.Packet, now int64) {
 	e.hold(b, p, &s, now)
 }
 
-// bucketOf returns the hash bucket of p, whose flow key is k: the low bits
-// of the NIC's RSS hash when p has one, as dev_gro_receive's
-// gro_list_prepare picks napi->gro_hash[skb_get_hash_raw(skb) &
-// (GRO_HASH_BUCKETS - 1)], else k's own (flowKey.bucket). The RSS hash is
-// a function of the addresses and ports, which a flow's key holds, so every
-// packet of a flow lands in one bucket as long as the flow's packets all
-// have a hash or all have none (a NIC hashes every TCP and UDP packet that
-// is not a fragment, and GRO merges no fragment).
-//
-// A VXLAN packet's RSS hash is its outer headers' (whose UDP source port
-// the sender set from the inner flow's hash); without one, its key's h
-// word mixes its inner and outer flows (parseVXLAN).
-func bucketOf(p *bufpool.Packet, k *flowKey) int {
-	if p.HashType != bufpool.HashNone {
-		return int(p.Hash & (numBuckets - 1))
+// bucketOf returns the hash bucket of p: the low bits of the NIC's RSS hash,
+// as dev_gro_receive picks napi->gro_hash[skb_get_hash_raw(skb) &
+// (GRO_HASH_BUCKETS - 1)]. skb_get_hash_raw reads skb->hash and computes
+// none, so a packet that comes without a hash (skb->hash 0: a veth's, a
+// TAP's, an XDP frame's) is in bucket 0, and every flow of a device that
+// hashes nothing shares bucket 0's MAX_GRO_SKBS entries. The RSS hash is a
+// function of the addresses and ports, so every packet of a flow lands in
+// one bucket as long as the flow's packets all have a hash or all have
+// none (a NIC hashes every TCP and UDP packet that is not a fragment, and
+// GRO merges no fragment). A VXLAN packet's RSS hash is its outer headers'
+// (whose UDP source port the sender set from the inner flow's hash).
+func bucketOf(p *bufpool.Packet) int {
+	if p.HashType == bufpool.HashNone {
+		return 0
 	}
-	return k.bucket()
+	return int(p.Hash & (numBuckets - 1))
 }
 
 // EndBatch ends a poll batch: with FlushTimeout 0 it hands up everything

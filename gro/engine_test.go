@@ -551,65 +551,124 @@ func TestFlushTimeout(t *testing.T) {
 	}
 }
 
+// sportOf returns the (inner) TCP source port of a delivered packet whose
+// TCP header carries the timestamp option (32 bytes, ending at HdrLen).
+func sportOf(p *bufpool.Packet) uint16 {
+	return header.TCP(p.Linear[p.HdrLen-32:]).SourcePort()
+}
+
 // TestEvict fills one hash bucket with 8 flows and checks that a ninth
-// evicts the oldest (MAX_GRO_SKBS), and that other buckets are untouched.
+// evicts the oldest (MAX_GRO_SKBS), and that other buckets are untouched:
+// flows of RSS hashes whose low bits are alike, and flows without a hash,
+// which all share bucket 0 (dev_gro_receive's skb_get_hash_raw is 0).
 func TestEvict(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
-		t.Run(fmt.Sprintf("v6=%v", v6), func(t *testing.T) {
-			pool := testutil.NewPoisonPool(t)
-			w := newWire(t, pool)
-			c := &collect{}
-			e := New(Config{}, c)
-			bd := newBuilder()
-			// Find 9 ports of one bucket and one of another.
-			var same []uint16
-			var other uint16
-			bucketOf := func(port uint16) int {
-				b := bd.build(seg{v6: v6, n: 10, sport: port})
-				s := segInfo{l2: header.EthernetMinimumSize}
-				p := b.packet(w, layoutSplit)
-				defer p.Release()
-				if v := parse(p, &s); v != candidate {
-					t.Fatalf("parse: got verdict %d, want candidate", v)
-				}
-				return s.key.bucket()
-			}
-			first := bucketOf(1)
-			for port := uint16(1); len(same) < 9 || other == 0; port++ {
-				if bucketOf(port) == first {
-					if len(same) < 9 {
-						same = append(same, port)
+		for _, rss := range []bool{false, true} {
+			t.Run(fmt.Sprintf("v6=%v/rss=%v", v6, rss), func(t *testing.T) {
+				pool := testutil.NewPoisonPool(t)
+				w := newWire(t, pool)
+				defer w.close()
+				c := &collect{}
+				defer c.release()
+				e := New(Config{}, c)
+				bd := newBuilder()
+				// Nine flows of one bucket (3, or 0 without a hash)
+				// and one of bucket 5, which comes first.
+				hashOf := func(i int) uint32 {
+					if !rss {
+						return 0
 					}
-				} else if other == 0 {
-					other = port
+					return uint32(i)<<8 | 3
 				}
+				e.Receive(bd.build(seg{v6: v6, n: 1000, sport: 100, hash: 0x5005}).packet(w, layoutSplit), 0)
+				for i := range 8 {
+					e.Receive(bd.build(seg{v6: v6, n: 1000, sport: uint16(1 + i), hash: hashOf(i + 1)}).packet(w, layoutSplit), int64(i+1))
+				}
+				if got := e.Held(); got != 9 {
+					t.Fatalf("held: got %d, want 9", got)
+				}
+				e.Receive(bd.build(seg{v6: v6, n: 1000, sport: 9, hash: hashOf(9)}).packet(w, layoutSplit), 9)
+				if len(c.got) != 1 {
+					t.Fatalf("delivered: got %d, want 1 (the evicted oldest)", len(c.got))
+				}
+				if got := sportOf(c.got[0]); got != 1 {
+					t.Errorf("evicted flow: got port %d, want 1 (the oldest of the bucket)", got)
+				}
+				if got := e.Held(); got != 9 {
+					t.Errorf("held: got %d, want 9", got)
+				}
+				m := statsMap(e.Stats())
+				if m["rx_gro_flush_evict"] != 1 || m["rx_gro_held_max"] != 9 {
+					t.Errorf("evict, held_max: got %d, %d, want 1, 9", m["rx_gro_flush_evict"], m["rx_gro_held_max"])
+				}
+				e.Flush()
+			})
+		}
+	}
+}
+
+// TestBucketOf: a packet with an RSS hash is held in the bucket of the
+// hash's low bits, one without a hash in bucket 0 whatever its Hash field
+// says (dev_gro_receive: gro_hash[skb_get_hash_raw(skb) &
+// (GRO_HASH_BUCKETS - 1)]), plain and VXLAN packets alike; and at a batch
+// end flows leave bucket by bucket, 0 first, oldest first in each, as
+// napi_gro_flush walks gro->hash.
+func TestBucketOf(t *testing.T) {
+	pool := testutil.NewPoisonPool(t)
+	w := newWire(t, pool)
+	defer w.close()
+	c := &collect{}
+	defer c.release()
+	for _, vx := range []bool{false, true} {
+		for _, tc := range []struct {
+			hash uint32
+			none bool // HashNone, with hash left in the Hash field
+			want int
+		}{
+			{hash: 0x11, want: 1},
+			{hash: 0x2f, want: 7},
+			{hash: 0x1000, want: 0},
+			{hash: 0x5a5a5a5a, want: 2},
+			{none: true, want: 0},
+			{hash: 0x7, none: true, want: 0},
+		} {
+			e := New(vxCfg, c)
+			p := newBuilder().build(seg{vx: vx, n: 1000}).packet(w, layoutSplit)
+			p.Hash, p.HashType = tc.hash, bufpool.HashL4
+			if tc.none {
+				p.HashType = bufpool.HashNone
 			}
-			bd = newBuilder()
-			e.Receive(bd.build(seg{v6: v6, n: 1000, sport: other}).packet(w, layoutSplit), 0)
-			for i, port := range same[:8] {
-				e.Receive(bd.build(seg{v6: v6, n: 1000, sport: port}).packet(w, layoutSplit), int64(i+1))
-			}
-			if got := e.Held(); got != 9 {
-				t.Fatalf("held: got %d, want 9", got)
-			}
-			e.Receive(bd.build(seg{v6: v6, n: 1000, sport: same[8]}).packet(w, layoutSplit), 9)
-			if len(c.got) != 1 {
-				t.Fatalf("delivered: got %d, want 1 (the evicted oldest)", len(c.got))
-			}
-			if got := header.TCP(c.got[0].Linear[c.got[0].HdrLen-32:]).SourcePort(); got != same[0] {
-				t.Errorf("evicted flow: got port %d, want %d (the oldest of the bucket)", got, same[0])
-			}
-			if got := e.Held(); got != 9 {
-				t.Errorf("held: got %d, want 9", got)
-			}
-			m := statsMap(e.Stats())
-			if m["rx_gro_flush_evict"] != 1 || m["rx_gro_held_max"] != 9 {
-				t.Errorf("evict, held_max: got %d, %d, want 1, 9", m["rx_gro_flush_evict"], m["rx_gro_held_max"])
+			e.Receive(p, 0)
+			for bi := range e.buckets {
+				want := 0
+				if bi == tc.want {
+					want = 1
+				}
+				if b := &e.buckets[bi]; b.n != want || want == 1 && b.ents[0].head != p {
+					t.Errorf("vxlan %v, hash %#x none %v: bucket %d holds %d entries, want %d", vx, tc.hash, tc.none, bi, b.n, want)
+				}
 			}
 			e.Flush()
-			c.release()
-			w.close()
-		})
+		}
+		// Flush order: flows come in bucket 6, 2, 4, none (0), 2 again.
+		e := New(vxCfg, c)
+		bd := newBuilder()
+		c.release()
+		for _, f := range []struct {
+			sport uint16
+			hash  uint32
+		}{{1, 0x106}, {2, 0x202}, {3, 0x304}, {4, 0}, {5, 0x502}} {
+			e.Receive(bd.build(seg{vx: vx, n: 1000, sport: f.sport, hash: f.hash}).packet(w, layoutSplit), 0)
+		}
+		e.EndBatch(0)
+		var got []uint16
+		for _, p := range c.got {
+			got = append(got, sportOf(p))
+		}
+		if want := []uint16{4, 2, 5, 3, 1}; !slices.Equal(got, want) {
+			t.Errorf("vxlan %v: flows left in the order %v, want %v (by bucket, oldest first)", vx, got, want)
+		}
+		c.release()
 	}
 }
 

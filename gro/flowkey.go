@@ -37,22 +37,3 @@ func (k *flowKey) setProto(version, proto uint8) {
 func (k *flowKey) setPorts(ports uint32) {
 	k.e = k.e&0xffff | uint64(ports)<<16
 }
-
-// bucket returns the flow's hash bucket, 0..numBuckets-1. A NIC would hand
-// up an RSS hash; this one mixes every word of the key (multiply-xorshift),
-// so flows that differ only in a port spread over the buckets.
-func (k *flowKey) bucket() int { return bucketOfSum(k.sum()) }
-
-// sum returns the key's words mixed into one, for bucket.
-func (k *flowKey) sum() uint64 {
-	return k.a*0x9e3779b97f4a7c15 ^ k.b*0xc2b2ae3d27d4eb4f ^ k.c*0x165667b19e3779f9 ^
-		k.d*0xd6e8feb86659fd93 ^ k.e*0xff51afd7ed558ccd ^ k.f*0x94d049bb133111eb ^
-		k.g*0x2545f4914f6cdd1d ^ k.h
-}
-
-// bucketOfSum returns the hash bucket of a sum of key words.
-func bucketOfSum(h uint64) int {
-	h ^= h >> 29
-	h *= 0xbf58476d1ce4e5b9
-	return int(h >> (64 - numBucketsLog2))
-}

@@ -54,9 +54,9 @@ func TestL3Equivalent(t *testing.T) {
 			if len(ce.got) != len(c3.got) || len(ce.got) == 0 {
 				t.Fatalf("packets handed up: Ethernet %d, L3 %d", len(ce.got), len(c3.got))
 			}
-			// Flows leave in bucket order at Flush, and the buckets hash
-			// the MAC addresses an L3 packet lacks: compare flow by flow,
-			// in order within each.
+			// Flows leave in bucket order at Flush (all in bucket 0
+			// here, with no RSS hash); compare flow by flow, in order
+			// within each, which holds whatever the buckets.
 			byFlow := func(ps []*bufpool.Packet, l2 int) map[string][]*bufpool.Packet {
 				m := map[string][]*bufpool.Packet{}
 				for _, p := range ps {

@@ -179,13 +179,7 @@ func parseVXLAN(p *bufpool.Packet, b []byte, s *segInfo, src, dst []byte, n int,
 		// go up too.
 		return passOther
 	}
-	// Without an RSS hash the bucket is the key's (flowKey.bucket): the
-	// outer flow's mix is folded into the h word, which sum takes as it
-	// is. Two keys whose outer flows are equal are equal with it as
-	// without it, and a key with another outer flow is told apart by
-	// findTun anyway.
 	s.key.e |= keyTunnel
-	s.key.h ^= t.key.k.sum()*0x9e3779b97f4a7c15 ^ t.key.vx
 	return v
 }
 
