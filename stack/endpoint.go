@@ -41,10 +41,12 @@ type linkEndpoint struct {
 	inl     inlineBatch
 	inlPkts int // packets delivered since inl last ran (endRound)
 
-	pages  pageStats
-	pcap   *PcapWriter // packets as delivered and frames as sent (Config.Pcap), or nil
-	lend   *lendStats  // zero copy: frags lent to gVisor; nil: copied
-	trains trainTable  // UDP ports bound by TrainConns
+	pages pageStats
+	pcap  *PcapWriter // packets as delivered and frames as sent (Config.Pcap), or nil
+	lend  *lendStats  // zero copy: frags lent to gVisor; nil: copied
+	// truesize: TCP segments are charged their truesize (Config.TCPRmemBytes off)
+	truesize bool
+	trains   trainTable // UDP ports bound by TrainConns
 
 	// XDP and cpumap (nil when not configured). The program and the
 	// producer are used by the poll loop only.
@@ -261,7 +263,7 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	// The TCP headers and the flow's hash, found once for stages 5 and 6.
 	seg := rxTCPOf(pkt.Linear, e.l2Len())
 	if ack, ok := e.zw.ackFirstSeg(pkt.Linear, &seg); ok {
-		e.dispatchTo(vx, ack, inl)
+		e.dispatchTo(vx, ack, rxMeta{inl: inl})
 	}
 	if e.mem.hard.Load() && e.tcpMemRefuseSeg(pkt.Linear, &seg, vx) {
 		return // tcp_mem's hard limit (tcpmem_governor.go)
@@ -279,17 +281,17 @@ func (e *linkEndpoint) toGVisor(pkt *driver.Packet, inl *inlineBatch) {
 	if e.pcap != nil {
 		e.pcap.WriteFrame(time.Now(), buf.Flatten())
 	}
-	e.dispatchTo(vx, buf, inl)
+	e.dispatchTo(vx, buf, e.rxMetaOf(pkt, inl))
 }
 
 // dispatchTo is dispatch for a frame of the VXLAN device vx (its inner
 // frame, after decap), or of the wire if vx is nil.
-func (e *linkEndpoint) dispatchTo(vx *vxlanEndpoint, buf buffer.Buffer, inl *inlineBatch) {
+func (e *linkEndpoint) dispatchTo(vx *vxlanEndpoint, buf buffer.Buffer, m rxMeta) {
 	if vx != nil {
-		vx.dispatch(buf, inl)
+		vx.dispatch(buf, m)
 		return
 	}
-	e.dispatch(buf, inl)
+	e.dispatch(buf, m)
 }
 
 // rxTCP is a received TCP segment's headers as Deliver's stages read them
@@ -344,14 +346,14 @@ func (e *linkEndpoint) lendToGVisor(pkt *driver.Packet, inl *inlineBatch, vx *vx
 	}
 	buf := buffer.MakeWithView(buffer.NewViewWithData(hdr))
 	buf.Merge(&payload)
-	e.dispatchTo(vx, buf, inl)
+	e.dispatchTo(vx, buf, e.rxMetaOf(pkt, inl))
 }
 
 // dispatch delivers one frame, owned by the call, to gVisor: to the
 // tunnel's NIC if it is for one of its addresses, else to the wire's
-// (Deliver's stage 10). inl is toGVisor's.
-func (e *linkEndpoint) dispatch(buf buffer.Buffer, inl *inlineBatch) {
-	if e.tunnel != nil && e.tunnel.deliver(&buf, e.l2Len(), inl) {
+// (Deliver's stage 10), with m set on its packet buffer.
+func (e *linkEndpoint) dispatch(buf buffer.Buffer, m rxMeta) {
+	if e.tunnel != nil && e.tunnel.deliver(&buf, e.l2Len(), m) {
 		return
 	}
 	e.mu.RLock()
@@ -380,7 +382,7 @@ func (e *linkEndpoint) dispatch(buf buffer.Buffer, inl *inlineBatch) {
 		proto = header.Ethernet(hdr).Type()
 	}
 	pb.NetworkProtocolNumber = proto
-	setInlineBatch(pb, inl)
+	m.set(pb)
 	d.DeliverNetworkPacket(proto, pb)
 }
 

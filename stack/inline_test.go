@@ -53,13 +53,15 @@ type inlineRig struct {
 	ep       *tcp.Endpoint
 	seq, ack uint32 // the test's next sequence number; the stack's
 	fbuf     []byte
+	synOpts  []byte     // the test's SYN options (nil: MSS 1460)
+	synAck   header.TCP // the stack's SYN-ACK
 }
 
 // batchData delivers the next 100 bytes of data (byte 'a'+i) into the
 // inline batch inl, as a poll batch does, and returns them.
 func (r *inlineRig) batchData(inl *inlineBatch, i int) []byte {
 	p := bytes.Repeat([]byte{byte('a' + i)}, 100)
-	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), inl)
+	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, p)), rxMeta{inl: inl})
 	r.seq += uint32(len(p))
 	return p
 }
@@ -69,14 +71,23 @@ func (r *inlineRig) batchData(inl *inlineBatch, i int) []byte {
 // the endpoint.
 func newInlineRig(t *testing.T, inline bool) *inlineRig {
 	t.Helper()
+	return newInlineRigWith(t, Config{InlineTCP: inline}, nil)
+}
+
+// newInlineRigWith is newInlineRig with cfg (its wire, MAC, addresses and
+// TCPMemLimit are the rig's) and the test's SYN carrying synOpts (nil: MSS
+// 1460).
+func newInlineRigWith(t *testing.T, cfg Config, synOpts []byte) *inlineRig {
+	t.Helper()
 	a, far := driver.NewMemPair(64, 0)
-	s, err := New(Config{Wire: a, MAC: [6]byte([]byte(inlineRxMAC)), InlineTCP: inline, TCPMemLimit: -1,
-		Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}})
+	cfg.Wire, cfg.MAC, cfg.TCPMemLimit = a, [6]byte([]byte(inlineRxMAC)), -1
+	cfg.Addrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	s, err := New(cfg)
 	if err != nil {
 		far.Close()
 		t.Fatal(err)
 	}
-	r := &inlineRig{s: s, far: far, fbuf: make([]byte, driver.VirtioNetHdrLen+65535+18)}
+	r := &inlineRig{s: s, far: far, fbuf: make([]byte, driver.VirtioNetHdrLen+65535+18), synOpts: synOpts}
 	t.Cleanup(func() {
 		s.Close()
 		far.Close()
@@ -96,6 +107,7 @@ func newInlineRig(t *testing.T, inline bool) *inlineRig {
 		synAck = r.next()
 		return synAck != nil && synAck.Flags() == header.TCPFlagSyn|header.TCPFlagAck
 	})
+	r.synAck = append(header.TCP(nil), synAck...)
 	r.seq, r.ack = irs+1, synAck.SequenceNumber()+1
 	r.write(t, header.TCPFlagAck, r.seq, r.ack, nil)
 	acc := make(chan *TCPConn, 1)
@@ -132,6 +144,9 @@ func (r *inlineRig) frame(flags header.TCPFlags, seq, ack uint32, payload []byte
 		SrcPort: inlinePeerPort, DstPort: inlinePort, Seq: seq, Ack: ack, Flags: flags, Window: 0xffff, Payload: payload}
 	if flags&header.TCPFlagSyn != 0 {
 		f.TCPOptions = []byte{2, 4, 0x05, 0xb4} // MSS 1460
+		if r.synOpts != nil {
+			f.TCPOptions = r.synOpts
+		}
 	}
 	return f.Build()
 }
@@ -150,7 +165,7 @@ func (r *inlineRig) write(t *testing.T, flags header.TCPFlags, seq, ack uint32, 
 // stage 10, the call to gVisor's NIC) in the calling goroutine, as the
 // poll loop does, and advances the test's sequence number.
 func (r *inlineRig) deliver(payload []byte) {
-	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, payload)), nil)
+	r.s.ep.dispatch(buffer.MakeWithData(r.frame(header.TCPFlagAck|header.TCPFlagPsh, r.seq, r.ack, payload)), rxMeta{})
 	r.seq += uint32(len(payload))
 }
 

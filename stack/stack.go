@@ -165,6 +165,20 @@ type Config struct {
 	// 0 means DefaultTCPReceiveBufferMax. It bounds the receive window,
 	// and with it a stream's rate: window / round-trip time.
 	TCPReceiveBufferMax int
+	// TCPRmemBytes charges a TCP connection's received segments to its
+	// receive buffer by their bytes, as stock gVisor does, instead of by
+	// the memory the driver's RX layout pins for them (driver.Truesize),
+	// as Linux charges skb->truesize to sk_rmem_alloc: with truesizes, the
+	// advertised window is the free buffer times the len/truesize ratio
+	// measured from received segments (tcp_measure_rcv_mss,
+	// tcp_win_from_space), auto-tuning grows the buffer by that ratio
+	// (tcp_rcvbuf_grow), and in-order data past the buffer makes gVisor
+	// grow the buffer to the maximum, then copy the queue into compact
+	// segments, then drop (tcp_prune_queue, tcp_collapse: counters
+	// gvisor_tcp_prune_called, _rcv_collapsed, _ofo_pruned, _rcv_pruned,
+	// _rcv_q_drop). Truesizes need the patched gVisor of
+	// internal/gvisor; the stock build charges bytes.
+	TCPRmemBytes bool
 	// Tunnel, if set, terminates an IPv6 tunnel (IPv4-in-IPv6 and
 	// IPv6-in-IPv6) in ustack: see TunnelConfig. Driver.Tunnel is set
 	// from it.
@@ -348,6 +362,7 @@ func New(cfg Config) (s *Stack, err error) {
 		ep.noOffloads = true
 	}
 	ep.pcap, ep.trains.pcap = cfg.Pcap, cfg.Pcap
+	ep.truesize = truesizeAvailable && !cfg.TCPRmemBytes
 	if cfg.ZeroCopy {
 		ep.lend = newLendStats(drv.Pool(), cfg.ZeroCopyMaxLent)
 		ep.lend.l3 = ep.l3

@@ -287,7 +287,7 @@ func (e *linkEndpoint) tcpMemRefuseSeg(b []byte, s *rxTCP, vx *vxlanEndpoint) bo
 	}
 	e.mem.drops.Add(1)
 	if f.Contains(header.TCPFlagAck) {
-		e.dispatchTo(vx, pureACK(b[:tcpOff+tcpLen], ip, tcpOff, tcpLen, t.SequenceNumber()), nil)
+		e.dispatchTo(vx, pureACK(b[:tcpOff+tcpLen], ip, tcpOff, tcpLen, t.SequenceNumber()), rxMeta{})
 	}
 	return true
 }

@@ -292,7 +292,7 @@ func protocolAddress(p netip.Prefix) tcpip.ProtocolAddress {
 // for one of the inner addresses, and reports whether it did; buf is then
 // owned by the call. Called from the poll loop (or a cpumap worker); it
 // does not allocate.
-func (t *tunnelEndpoint) deliver(buf *buffer.Buffer, l2 int, inl *inlineBatch) bool {
+func (t *tunnelEndpoint) deliver(buf *buffer.Buffer, l2 int, m rxMeta) bool {
 	var b [header.EthernetMinimumSize + header.IPv6MinimumSize]byte
 	hdr := b[:l2+header.IPv6MinimumSize]
 	n, _ := buf.ReadAt(hdr, 0)
@@ -326,7 +326,7 @@ func (t *tunnelEndpoint) deliver(buf *buffer.Buffer, l2 int, inl *inlineBatch) b
 	}
 	pb.NetworkProtocolNumber = proto
 	t.stats.rxPackets.Add(1)
-	setInlineBatch(pb, inl)
+	m.set(pb)
 	d.DeliverNetworkPacket(proto, pb)
 	return true
 }

@@ -85,7 +85,7 @@ func (e *linkEndpoint) splitUDP(p *bufpool.Packet, l3, l4 int, vx *vxlanEndpoint
 		pv.CapLength(n)
 		buf := buffer.MakeWithView(hv)
 		buf.Append(pv)
-		e.dispatchTo(vx, buf, nil)
+		e.dispatchTo(vx, buf, rxMeta{})
 	}
 	all.Release()
 }

@@ -251,7 +251,7 @@ func (v *vxlanEndpoint) decap(p *driver.Packet) vxlanVerdict {
 
 // dispatch hands buf, an inner Ethernet frame owned by the call, to the
 // VXLAN NIC (Deliver's stage 10 for a decapsulated packet).
-func (v *vxlanEndpoint) dispatch(buf buffer.Buffer, inl *inlineBatch) {
+func (v *vxlanEndpoint) dispatch(buf buffer.Buffer, m rxMeta) {
 	d := v.attached()
 	if d == nil {
 		buf.Release()
@@ -266,7 +266,7 @@ func (v *vxlanEndpoint) dispatch(buf buffer.Buffer, inl *inlineBatch) {
 	}
 	proto := header.Ethernet(hdr).Type()
 	pb.NetworkProtocolNumber = proto
-	setInlineBatch(pb, inl)
+	m.set(pb)
 	d.DeliverNetworkPacket(proto, pb)
 }
 

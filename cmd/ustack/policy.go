@@ -143,6 +143,9 @@ var policies = []policySwitch{
 	{name: "tcp-rmem-max", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_rmem (max)",
 		usage: fmt.Sprintf("largest TCP receive buffer auto-tuning grows to (0: %d)", stack.DefaultTCPReceiveBufferMax),
 		bind:  func(p *policy) any { return &number[int]{p: &p.cfg.TCPReceiveBufferMax, nonNeg: true} }},
+	{name: "tcp-rmem", values: "truesize|bytes", def: "truesize", kernel: "sk_rmem_alloc charged skb->truesize (skb_set_owner_r), tcp_measure_rcv_mss's scaling_ratio",
+		usage: "what a TCP connection's received segments are charged against its receive buffer: truesize, the memory the RX layout pins for each (the skb struct, the header buffer, each frag's stride or page), the window being the free buffer times the len/truesize ratio measured from received segments, auto-tuning growing the buffer by it (tcp_rcvbuf_grow), and in-order data past the buffer growing it to -tcp-rmem-max, then collapsing the queue into compact copies, then dropping (tcp_prune_queue: gvisor_tcp_prune_called, _rcv_collapsed, _ofo_pruned, _rcv_pruned, _rcv_q_drop); bytes: their payload and gVisor's struct estimate, half the free buffer advertised, as stock gVisor (and always in a build against it)",
+		bind:  func(p *policy) any { return &choice{p: &p.cfg.TCPRmemBytes, off: "truesize", on: "bytes"} }},
 	{name: "tcp-mem-limit", values: "BYTES", def: "0", kernel: "net.ipv4.tcp_mem (high)",
 		usage: fmt.Sprintf("bytes the TCP connections' receive buffers may commit in all: past it, with every buffer at its %d-byte floor, the segments of connections holding more are dropped (rx_tcp_mem_drops; 0: 3/32 of the machine's memory, as Linux's tcp_init_mem, 512 MiB if unknown; negative: no bound)", stack.TCPMemFloor),
 		bind:  func(p *policy) any { return &number[int64]{p: &p.cfg.TCPMemLimit} }},
@@ -468,7 +471,6 @@ func (b *offOn) UnmarshalText(t []byte) error {
 	return err
 }
 
-// choice is a bool as one of two words, off's (or empty) for false.
 // enum is a string flag that takes one of values ("" is the first).
 type enum struct {
 	p      *string
@@ -496,6 +498,7 @@ func (e *enum) UnmarshalText(t []byte) error {
 	return fmt.Errorf("want one of %s", strings.Join(e.values, ", "))
 }
 
+// choice is a bool as one of two words, off's (or empty) for false.
 type choice struct {
 	p       *bool
 	off, on string

@@ -48,6 +48,7 @@ var policyExamples = map[string][]string{
 	"pool-mem":          {"67108864"},
 	"pool-ring":         {"512"},
 	"tcp-rmem-max":      {"67108864"},
+	"tcp-rmem":          {"bytes", "truesize"},
 	"tcp-mem-limit":     {"8388608", "-1"},
 	"tcp-mem-pressure":  {"4194304"},
 	"zero-copy":         {"on", "views", "off"},

@@ -2292,6 +2292,20 @@ type TCPStats struct {
 	// DSACK.
 	SegmentsAckedWithDSACK *StatCounter
 
+	// The receive memory by truesize (a ustack patch): Linux's TcpExt
+	// counters of the same names. PruneCalled counts tcp_prune_queue's
+	// calls, when in-order data arrives with the receive memory past the
+	// buffer; RcvCollapsed the segments tcp_collapse copied into compact
+	// ones; OFOPruned the calls that dropped out-of-order segments
+	// (tcp_prune_ofo_queue); RcvPruned the calls after which the memory
+	// was still past the buffer; RcvQDrop the in-order segments dropped
+	// then (tcp_data_queue).
+	PruneCalled  *StatCounter
+	RcvCollapsed *StatCounter
+	OFOPruned    *StatCounter
+	RcvPruned    *StatCounter
+	RcvQDrop     *StatCounter
+
 	// SpuriousRecovery is the number of times the connection entered loss
 	// recovery spuriously.
 	SpuriousRecovery *StatCounter

@@ -141,6 +141,21 @@ type PacketBuffer struct {
 	// never carried past its delivery. (A ustack patch.)
 	InlineBatch *InlineBatch `state:"nosave"`
 
+	// Truesize, if not zero, is the memory a received packet pins as its
+	// link endpoint counts it (Linux's skb->truesize: the buffers and the
+	// packet's metadata), and what MemSize returns: a TCP endpoint charges
+	// it to its receive buffer and measures its window's scaling ratio
+	// from it (len/truesize, tcp_measure_rcv_mss). Zero is unknown:
+	// MemSize estimates it from the bytes. Clone keeps it. (A ustack
+	// patch.)
+	Truesize int `state:"nosave"`
+
+	// RXGSOSize is, for a received packet that aggregates several
+	// segments of one flow (GRO, LRO), the payload size of each (Linux's
+	// skb_shinfo(skb)->gso_size on receive); 0 for a packet that is one
+	// segment. Clone keeps it. (A ustack patch.)
+	RXGSOSize int `state:"nosave"`
+
 	// Owner is implemented by task to get the uid and gid.
 	// Only set for locally generated packets.
 	Owner tcpip.PacketOwner
@@ -286,6 +301,9 @@ func (pk *PacketBuffer) Size() int {
 // MemSize returns the estimation size of the pk in memory, including backing
 // buffer data.
 func (pk *PacketBuffer) MemSize() int {
+	if pk.Truesize > 0 {
+		return pk.Truesize
+	}
 	return int(pk.buf.Size()) + PacketBufferStructSize
 }
 
@@ -398,6 +416,8 @@ func (pk *PacketBuffer) Clone() *PacketBuffer {
 	newPk.consumed = pk.consumed
 	newPk.headers = pk.headers
 	newPk.Hash = pk.Hash
+	newPk.Truesize = pk.Truesize
+	newPk.RXGSOSize = pk.RXGSOSize
 	newPk.Owner = pk.Owner
 	newPk.Mark = pk.Mark
 	newPk.GSOOptions = pk.GSOOptions

@@ -391,12 +391,40 @@ type Endpoint struct {
 	// +checklocks:rcvQueueMu
 	TCPRcvBufState
 
+	// rcvQueueMem is the memory charged for the segments of rcvQueue, the
+	// in-order part of Linux's sk_rmem_alloc (rcv_truesize.go). (A ustack
+	// patch.)
+	//
+	// +checklocks:rcvQueueMu
+	rcvQueueMem int
+
 	// rcvMemUsed tracks the total amount of memory in use by received segments
 	// held in rcvQueue, pendingRcvdSegments and the segment queue. This is used to
 	// compute the window and the actual available buffer space. This is distinct
 	// from rcvBufUsed above which is the actual number of payload bytes held in
 	// the buffer not including any segment overheads.
 	rcvMemUsed atomicbitops.Int32
+
+	// The receive memory by truesize (a ustack patch, rcv_truesize.go).
+	//
+	// scalingRatio is Linux's tp->scaling_ratio: the advertised window is
+	// scalingRatio/256 of the buffer space (tcp_win_from_space); 0 is
+	// TCP_DEFAULT_SCALING_RATIO, 128, gVisor's space>>1. It is measured
+	// from received segments that carry a truesize.
+	scalingRatio atomicbitops.Uint32
+
+	// rcvMSS is Linux's icsk_ack.rcv_mss, the largest segment size seen
+	// (tcp_measure_rcv_mss); 0 until a segment with a truesize arrives.
+	//
+	// +checklocks:mu
+	rcvMSS int
+
+	// rcvTruesize reports that a segment with a truesize was received:
+	// from then on the buffer grows as Linux's tcp_rcvbuf_grow, and
+	// in-order data past the buffer is pruned (tcp_prune_queue).
+	//
+	// +checklocks:mu
+	rcvTruesize bool
 
 	// mu protects all endpoint fields unless documented otherwise. mu must
 	// be acquired before interacting with the endpoint fields.
@@ -1030,6 +1058,7 @@ func (e *Endpoint) purgeReadQueue() {
 			s.DecRef()
 		}
 		e.RcvBufUsed = 0
+		e.rcvQueueMem = 0
 	}
 }
 
@@ -1272,16 +1301,22 @@ func (e *Endpoint) cleanupLocked() {
 	tcpip.DeleteDanglingEndpoint(e)
 }
 
-// wndFromSpace returns the window that we can advertise based on the available
-// receive buffer space.
-func wndFromSpace(space int) int {
-	return space >> rcvAdvWndScale
+// winFromSpace returns the window that we can advertise based on the
+// available receive buffer space: Linux's tcp_win_from_space, space times
+// the scaling ratio (rcv_truesize.go); space>>rcvAdvWndScale, gVisor's,
+// until a ratio is measured. (A ustack patch.)
+func (e *Endpoint) winFromSpace(space int) int {
+	r := e.scalingRatio.Load()
+	if r == 0 {
+		return space >> rcvAdvWndScale
+	}
+	return int((int64(space) * int64(r)) >> tcpRmemToWinScale)
 }
 
 // initialReceiveWindow returns the initial receive window to advertise in the
 // SYN/SYN-ACK.
 func (e *Endpoint) initialReceiveWindow() int {
-	rcvWnd := wndFromSpace(e.receiveBufferAvailable())
+	rcvWnd := e.winFromSpace(e.receiveBufferAvailable())
 	if rcvWnd > math.MaxUint16 {
 		rcvWnd = math.MaxUint16
 	}
@@ -1332,7 +1367,9 @@ func (e *Endpoint) ModerateRecvBuf(copied int) {
 	prevRTTCopied := e.RcvAutoParams.CopiedBytes + copied
 	prevCopied := e.RcvAutoParams.PrevCopiedBytes
 	rcvWnd := 0
-	if prevRTTCopied > prevCopied {
+	if e.rcvTruesize {
+		sendNonZeroWindowUpdate = e.rcvbufGrowLocked(prevRTTCopied)
+	} else if prevRTTCopied > prevCopied {
 		// The minimal receive window based on what was copied by the app
 		// in the immediate preceding RTT and some extra buffer for 16
 		// segments to account for variations.
@@ -1364,9 +1401,9 @@ func (e *Endpoint) ModerateRecvBuf(copied int) {
 		// acceptable window will shrink.
 		rcvBufSize := int(e.ops.GetReceiveBufferSize())
 		if rcvWnd > rcvBufSize {
-			availBefore := wndFromSpace(e.receiveBufferAvailableLocked(rcvBufSize))
+			availBefore := e.winFromSpace(e.receiveBufferAvailableLocked(rcvBufSize))
 			e.ops.SetReceiveBufferSize(int64(rcvWnd), false /* notify */)
-			availAfter := wndFromSpace(e.receiveBufferAvailableLocked(rcvWnd))
+			availAfter := e.winFromSpace(e.receiveBufferAvailableLocked(rcvWnd))
 			if crossed, above := e.windowCrossedACKThresholdLocked(availAfter-availBefore, rcvBufSize); crossed && above {
 				sendNonZeroWindowUpdate = true
 			}
@@ -1488,6 +1525,7 @@ func (e *Endpoint) Read(dst io.Writer, opts tcpip.ReadOptions) (tcpip.ReadResult
 			}
 			e.rcvQueueMu.Lock()
 			e.RcvBufUsed -= n
+			e.rcvQueueMem -= memDelta
 			s = e.rcvQueue.Front()
 
 			if memDelta > 0 {
@@ -1716,8 +1754,8 @@ func (e *Endpoint) Write(p tcpip.Payloader, opts tcpip.WriteOptions) (int64, tcp
 // +checklocks:e.mu
 // +checklocks:e.rcvQueueMu
 func (e *Endpoint) selectWindowLocked(rcvBufSize int) (wnd seqnum.Size) {
-	wndFromAvailable := wndFromSpace(e.receiveBufferAvailableLocked(rcvBufSize))
-	maxWindow := wndFromSpace(rcvBufSize)
+	wndFromAvailable := e.winFromSpace(e.receiveBufferAvailableLocked(rcvBufSize))
+	maxWindow := e.winFromSpace(rcvBufSize)
 	wndFromUsedBytes := maxWindow - e.RcvBufUsed
 
 	// We take the lesser of the wndFromAvailable and wndFromUsedBytes because in
@@ -1771,7 +1809,7 @@ func (e *Endpoint) windowCrossedACKThresholdLocked(deltaBefore int, rcvBufSize i
 	// rcvBufFraction is the inverse of the fraction of receive buffer size that
 	// is used to decide if the available buffer space is now above it.
 	const rcvBufFraction = 2
-	if wndThreshold := wndFromSpace(rcvBufSize / rcvBufFraction); threshold > wndThreshold {
+	if wndThreshold := e.winFromSpace(rcvBufSize / rcvBufFraction); threshold > wndThreshold {
 		threshold = wndThreshold
 	}
 
@@ -1871,8 +1909,8 @@ func (e *Endpoint) OnSetReceiveBufferSize(rcvBufSz, oldSz int64) (newSz int64, p
 		rcvBufSz = 1 << scale
 	}
 
-	availBefore := wndFromSpace(e.receiveBufferAvailableLocked(int(oldSz)))
-	availAfter := wndFromSpace(e.receiveBufferAvailableLocked(int(rcvBufSz)))
+	availBefore := e.winFromSpace(e.receiveBufferAvailableLocked(int(oldSz)))
+	availAfter := e.winFromSpace(e.receiveBufferAvailableLocked(int(rcvBufSz)))
 	e.RcvAutoParams.Disabled = true
 
 	// Immediately send an ACK to uncork the sender silly window
@@ -3143,6 +3181,7 @@ func (e *Endpoint) readyToRead(s *segment) {
 	e.rcvQueueMu.Lock()
 	if s != nil {
 		e.RcvBufUsed += s.payloadSize()
+		e.rcvQueueMem += s.segMemSize()
 		s.IncRef()
 		e.rcvQueue.PushBack(s)
 	} else {

@@ -479,6 +479,15 @@ func (r *receiver) handleRcvdSegment(s *segment) (drop bool, err tcpip.Error) {
 	// records when it actually arrived (consumed by the user-timeout check).
 	r.lastRcvdAckTime = s.rcvdTime
 
+	// In-order data with a truesize: Linux's tcp_measure_rcv_mss and
+	// tcp_try_rmem_schedule (rcv_truesize.go; a ustack patch).
+	if s.truesize && segLen > 0 && r.RcvNxt.InWindow(segSeq, segLen) {
+		if !r.ep.rmemSchedule() {
+			return true, nil
+		}
+		r.ep.measureRcvMSS(s)
+	}
+
 	// Defer segment processing if it can't be consumed now.
 	if !r.consumeSegment(s, segSeq, segLen) {
 		if segLen > 0 || s.flags.Contains(header.TCPFlagFin) {

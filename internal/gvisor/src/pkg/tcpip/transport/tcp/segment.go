@@ -88,6 +88,12 @@ type segment struct {
 	// to "free" reserved bytes could leak memory in the receiver.
 	dataMemSize int
 
+	// truesize reports that dataMemSize is the packet's truesize as its
+	// link endpoint counted it (stack.PacketBuffer.Truesize), the whole of
+	// what the segment is charged, as Linux charges skb->truesize to
+	// sk_rmem_alloc (skb_set_owner_r). (A ustack patch.)
+	truesize bool
+
 	// lost indicates if the segment is marked as lost by RACK.
 	lost bool
 }
@@ -130,6 +136,7 @@ func newIncomingSegment(id stack.TransportEndpointID, clock tcpip.Clock, pkt *st
 	s.window = seqnum.Size(hdr.WindowSize())
 	s.rcvdTime = clock.NowMonotonic()
 	s.dataMemSize = pkt.MemSize()
+	s.truesize = pkt.Truesize > 0
 	s.pkt = pkt.Clone()
 	s.csumValid = csumValid
 
@@ -164,6 +171,7 @@ func (s *segment) clone() *segment {
 	t.ep = s.ep
 	t.qFlags = s.qFlags
 	t.dataMemSize = s.dataMemSize
+	t.truesize = s.truesize
 	t.pkt = s.pkt.Clone()
 	return t
 }
@@ -237,6 +245,9 @@ func (s *segment) payloadSize() int {
 // segMemSize is the amount of memory used to hold the segment data and
 // the associated metadata.
 func (s *segment) segMemSize() int {
+	if s.truesize {
+		return s.dataMemSize
+	}
 	return segSize + s.dataMemSize
 }
 

@@ -57,7 +57,16 @@ func (q *segmentQueue) enqueue(s *segment) bool {
 
 	// Allow zero sized segments (ACK/FIN/RSTs etc even if the segment queue
 	// is currently full).
-	allow := (used <= int(bufSz) || s.payloadSize() == 0) && !q.frozen
+	//
+	// A segment with a truesize (rcv_truesize.go; a ustack patch) is held
+	// to Linux's backlog limit instead (tcp_add_backlog: twice the buffer
+	// and 64 KiB, the send buffer's half not counted): the buffer itself
+	// is enforced when the segment is processed, by tcp_prune_queue.
+	limit := int(bufSz)
+	if s.truesize {
+		limit = 2*limit + 64<<10
+	}
+	allow := (used <= limit || s.payloadSize() == 0) && !q.frozen
 
 	if allow {
 		s.IncRef()
