@@ -881,6 +881,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 	fn("tcp_established", st.TCP.CurrentEstablished.Value())
 	fn("tcp_rcv_queued_bytes_current", s.tcpRcvQueued())
 	fn("tcp_mem_committed_bytes", s.tcpCommitted())
+	eachTCPRmemCounter(&st, fn)
 	s.mem.each(fn)
 	fn("udp_packets_received", st.UDP.PacketsReceived.Value())
 	fn("udp_receive_buffer_errors", st.UDP.ReceiveBufferErrors.Value())

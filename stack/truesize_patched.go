@@ -2,7 +2,10 @@
 
 package stack
 
-import gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+import (
+	"gvisor.dev/gvisor/pkg/tcpip"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+)
 
 // truesizeAvailable: this build's gVisor charges a packet's truesize
 // (PacketBuffer.Truesize, internal/gvisor's patch 0004).
@@ -12,4 +15,14 @@ const truesizeAvailable = true
 func setTruesize(pb *gstack.PacketBuffer, truesize, gsoSize int) {
 	pb.Truesize = truesize
 	pb.RXGSOSize = gsoSize
+}
+
+// eachTCPRmemCounter calls fn for the counters of the receive memory by
+// truesize, Linux's TcpExt names (docs/counters.md).
+func eachTCPRmemCounter(st *tcpip.Stats, fn func(string, uint64)) {
+	fn("tcp_prune_called", st.TCP.PruneCalled.Value())
+	fn("tcp_rcv_collapsed", st.TCP.RcvCollapsed.Value())
+	fn("tcp_ofo_pruned", st.TCP.OFOPruned.Value())
+	fn("tcp_rcv_pruned", st.TCP.RcvPruned.Value())
+	fn("tcp_rcv_q_drop", st.TCP.RcvQDrop.Value())
 }
