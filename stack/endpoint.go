@@ -2,6 +2,7 @@ package stack
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -44,9 +45,11 @@ type linkEndpoint struct {
 	pages pageStats
 	pcap  *PcapWriter // packets as delivered and frames as sent (Config.Pcap), or nil
 	lend  *lendStats  // zero copy: frags lent to gVisor; nil: copied
-	// truesize: TCP segments are charged their truesize (Config.TCPRmemBytes off)
-	truesize bool
-	trains   trainTable // UDP ports bound by TrainConns
+	// truesize: TCP segments are charged their truesize (Config.TCPRmemBytes
+	// off); truesizeBytes sums the truesizes set (rx_truesize_bytes)
+	truesize      bool
+	truesizeBytes atomic.Uint64
+	trains        trainTable // UDP ports bound by TrainConns
 
 	// XDP and cpumap (nil when not configured). The program and the
 	// producer are used by the poll loop only.

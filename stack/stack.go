@@ -844,6 +844,7 @@ func (s *Stack) EachCounter(fn func(name string, v uint64)) {
 		s.views.each(fn)
 		s.busy.each(fn)
 		s.ep.zw.each(fn)
+		fn("rx_truesize_bytes", s.ep.truesizeBytes.Load())
 		if s.ep.delack != nil {
 			s.ep.delack.each(fn)
 		}

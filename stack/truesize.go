@@ -25,6 +25,7 @@ func (e *linkEndpoint) rxMetaOf(pkt *driver.Packet, inl *inlineBatch) rxMeta {
 	if e.truesize {
 		m.truesize = e.drv.Truesize(pkt)
 		m.gsoSize = int(pkt.GSOSize)
+		e.truesizeBytes.Add(uint64(m.truesize))
 	}
 	return m
 }

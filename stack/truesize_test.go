@@ -233,3 +233,35 @@ func fakePacket(n int) *driver.Packet {
 	p.Len = n
 	return p
 }
+
+// TestTruesizeMeta: with truesizes on, a delivered packet's rxMeta
+// carries the driver's truesize (a 1460-byte linear part: the sk_buff's
+// 256, the 64-byte-aligned 1472 and the skb_shared_info's 320) and its GRO
+// segment size, and rx_truesize_bytes sums the truesizes; with
+// Config.TCPRmemBytes it carries neither.
+func TestTruesizeMeta(t *testing.T) {
+	r := newInlineRigWith(t, Config{InlineTCP: true}, nil)
+	counter := func() (v uint64) {
+		r.s.EachCounter(func(n string, c uint64) {
+			if n == "rx_truesize_bytes" {
+				v = c
+			}
+		})
+		return v
+	}
+	before := counter() // the handshake's frames
+	p := fakePacket(1460)
+	p.GSOSize = 1448
+	m := r.s.ep.rxMetaOf(p, nil)
+	if m.truesize != 256+1472+320 || m.gsoSize != 1448 {
+		t.Errorf("rxMeta truesize %d, gso %d; want %d, 1448", m.truesize, m.gsoSize, 256+1472+320)
+	}
+	r.s.ep.rxMetaOf(p, nil)
+	if got := counter() - before; got != 2*(256+1472+320) {
+		t.Errorf("rx_truesize_bytes %d, want %d", got, 2*(256+1472+320))
+	}
+	b := newInlineRigWith(t, Config{InlineTCP: true, TCPRmemBytes: true}, nil)
+	if m := b.s.ep.rxMetaOf(p, nil); m.truesize != 0 || m.gsoSize != 0 {
+		t.Errorf("TCPRmemBytes: rxMeta %+v, want no truesize", m)
+	}
+}
