@@ -39,7 +39,7 @@ type TrainConn struct {
 	s      *Stack
 	port   uint16
 	addr   netip.Addr // the local address bound, or unspecified
-	ready  chan *bufpool.Packet
+	ready  chan queuedTrain
 	done   chan struct{}
 	closed sync.Once
 	drops  atomic.Uint64
@@ -90,7 +90,7 @@ func (s *Stack) ListenUDPTrains(addr netip.AddrPort) (*TrainConn, error) {
 	}
 	c := &TrainConn{
 		s: s, port: addr.Port(), addr: addr.Addr().Unmap(),
-		ready: make(chan *bufpool.Packet, trainQueueDatagrams),
+		ready: make(chan queuedTrain, trainQueueDatagrams),
 		done:  make(chan struct{}),
 	}
 	c.b.rsem = make(chan struct{}, 1)
@@ -151,8 +151,8 @@ func (c *TrainConn) Close() error {
 		close(c.done)
 		for drained := false; !drained; {
 			select {
-			case p := <-c.ready:
-				p.Release()
+			case q := <-c.ready:
+				q.p.Release()
 			default:
 				drained = true
 			}
@@ -278,7 +278,7 @@ func (t *trainTable) deliverUDP(p *bufpool.Packet, u *rxUDP) bool {
 		c.rmem.Add(n)
 		c.segs.Add(int64(max(p.Segs, 1)))
 		select {
-		case c.ready <- p:
+		case c.ready <- queuedTrain{p: p, truesize: n}:
 		default: // the channel is full: trainQueueDatagrams trains
 			c.rmem.Add(-n)
 			c.segs.Add(-int64(max(p.Segs, 1)))
@@ -293,7 +293,7 @@ func (t *trainTable) deliverUDP(p *bufpool.Packet, u *rxUDP) bool {
 		for {
 			select {
 			case q := <-c.ready:
-				q.Release()
+				q.p.Release()
 			default:
 				return true
 			}
@@ -322,6 +322,19 @@ func (u *rxUDP) headers(p *bufpool.Packet, l2 int) (l3, l4 int, ok bool) {
 
 // charge is what a train is charged in the queue: its truesize.
 func (t *trainTable) charge(p *bufpool.Packet) int64 { return int64(t.drv.Truesize(p)) }
+
+// queuedTrain is an entry of a TrainConn's queue: a train, owned by the
+// queue, with the truesize it was charged when queued, so that the reader
+// gives back exactly that without walking the packet again. The walk at
+// dequeue reads the packet's frags, cold by then (the queue holds
+// thousands of packets): the cache miss Linux avoids by keeping the
+// truesize beside the skb's list pointers (udp_set_dev_scratch at
+// __udp_enqueue_schedule_skb, udp_skb_truesize in udp_rmem_release;
+// "udp: avoid a cache miss on dequeue").
+type queuedTrain struct {
+	p        *bufpool.Packet
+	truesize int64
+}
 
 // copyAfter copies the packet's bytes after skip, and its chain's payload
 // (bufpool.Packet.Walk), into b, as far as b reaches, and returns the count.

@@ -208,18 +208,19 @@ func TestReadingReleasesPages(t *testing.T) {
 	// datagrams are in: one arriving after the count below would add
 	// references of its own.
 	deadline := time.Now().Add(5 * time.Second)
-	var queued []*bufpool.Packet
+	var queued []queuedTrain
 	for datagrams := 0; datagrams < 8; {
 		select {
-		case p := <-c.ready:
-			queued = append(queued, p)
-			datagrams += max(1, int(p.Segs))
+		case q := <-c.ready:
+			queued = append(queued, q)
+			datagrams += max(1, int(q.p.Segs))
 		case <-time.After(time.Until(deadline)):
 			t.Fatalf("datagrams queued: got %d, want 8", datagrams)
 		}
 	}
 	refs := map[*bufpool.Page]int32{}
-	for _, p := range queued {
+	for _, q := range queued {
+		p := q.p
 		if p.Head != nil {
 			refs[p.Head]++ // the linear RQ's head frag (MTU 1500)
 		}
@@ -239,8 +240,8 @@ func TestReadingReleasesPages(t *testing.T) {
 	for pg := range refs {
 		before[pg] = pg.Refs()
 	}
-	for _, p := range queued {
-		c.ready <- p
+	for _, q := range queued {
+		c.ready <- q
 	}
 	buf := make([]byte, 65536)
 	for range queued {
@@ -343,5 +344,54 @@ func TestTrainQueueTruesize(t *testing.T) {
 	}
 	if err := c.SetReadBuffer(-1); err == nil {
 		t.Errorf("SetReadBuffer(-1): no error")
+	}
+}
+
+// TestTrainDequeueGivesBackItsCharge: a reader takes off rmem the truesize
+// the train was charged when queued, kept beside it in the queue, without
+// walking the packet again (udp_set_dev_scratch, udp_skb_truesize: the
+// kernel reads no frag at dequeue). A train whose layout changes while
+// queued (here an extra frag past its payload, which changes what
+// Driver.Truesize would say) still brings rmem back to zero.
+func TestTrainDequeueGivesBackItsCharge(t *testing.T) {
+	rx, peer := pairConfig(t, Config{NoGRO: true})
+	dst := netip.MustParseAddrPort("192.0.2.1:9995")
+	c, err := rx.ListenUDPTrains(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const count, size = 4, 64
+	sent := udpBurst(t, peer, dst, count, size)
+	testutil.WaitFor(t, "every datagram queued", func() bool { return len(c.ready) >= count })
+	var queued []queuedTrain
+	for range count {
+		queued = append(queued, <-c.ready)
+	}
+	for _, q := range queued {
+		p := q.p
+		pg := p.Head
+		if pg == nil && len(p.Frags) > 0 {
+			pg = p.Frags[0].Page
+		}
+		if pg == nil {
+			t.Fatal("queued train holds no page")
+		}
+		pg.IncRef() // the extra frag's reference, dropped by Release
+		p.Frags = append(p.Frags, bufpool.Frag{Page: pg, Len: 2048})
+		c.ready <- q
+	}
+	buf := make([]byte, 65536)
+	for i := range count {
+		n, _, _, err := c.ReadTrain(buf, time.Now().Add(5*time.Second))
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], sent[i]) {
+			t.Fatalf("datagram %d: got %x, want %x", i, buf[:n], sent[i])
+		}
+	}
+	if got := c.rmem.Load(); got != 0 {
+		t.Errorf("queue charge after reading everything: got %d, want 0 (what was charged when queued)", got)
 	}
 }

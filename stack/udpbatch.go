@@ -222,8 +222,8 @@ func (c *TrainConn) next(deadline time.Time, block bool) error {
 		return nil
 	}
 	select {
-	case p := <-c.ready:
-		c.take(p)
+	case q := <-c.ready:
+		c.take(q)
 		return nil
 	default:
 	}
@@ -245,8 +245,8 @@ func (c *TrainConn) next(deadline time.Time, block bool) error {
 		timeout = b.timer.C
 	}
 	select {
-	case p := <-c.ready:
-		c.take(p)
+	case q := <-c.ready:
+		c.take(q)
 		return nil
 	case <-c.done:
 		return net.ErrClosed
@@ -255,11 +255,11 @@ func (c *TrainConn) next(deadline time.Time, block bool) error {
 	}
 }
 
-// take makes p, just off the queue, the current train. Called with rsem
-// held.
-func (c *TrainConn) take(p *bufpool.Packet) {
-	b := &c.b
-	c.rmem.Add(-c.s.ep.trains.charge(p))
+// take makes q's train, just off the queue, the current train and takes
+// its charge off rmem. Called with rsem held.
+func (c *TrainConn) take(q queuedTrain) {
+	b, p := &c.b, q.p
+	c.rmem.Add(-q.truesize)
 	c.segs.Add(-int64(max(p.Segs, 1)))
 	l3, l4, _ := udpHeaders(p, c.s.ep.l2Len()) // checked when queued
 	b.cur = p
